@@ -1,0 +1,289 @@
+"""The checks, as plain functions of a :class:`~conformance.runner.Case`.
+
+Each check raises :class:`ConformanceFailure` (an ``AssertionError``) whose
+message names the implementation, family, mesh, dtype and shapes, pinpoints the
+first wrong shard or index, and ends with a one-line replay command. pytest
+tests, the ``python -m conformance replay`` command and downstream code all call
+these same functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from conformance import hlo, runner
+from conformance.runner import Case
+
+
+class ConformanceFailure(AssertionError):
+    """A check found the implementation does not conform."""
+
+
+def fail(case: Case, check: str, what: str, details: Sequence[str] = ()) -> ConformanceFailure:
+    lines = [f"[{check}] {case.family}/{case.impl}: {what}", *("  " + h for h in case.describe())]
+    lines += ["  " + d for d in details]
+    lines.append(f"  replay         : {case.replay_command(check)}")
+    return ConformanceFailure("\n".join(lines))
+
+
+def _device_coords(mesh: jax.sharding.Mesh, device: jax.Device) -> str:
+    pos = np.argwhere(mesh.devices == device)
+    if not len(pos):
+        return "not in mesh"
+    return ", ".join(f"{n}={i}" for n, i in zip(mesh.axis_names, pos[0], strict=True))
+
+
+def _slice_text(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
+    parts = []
+    for s, dim in zip(index, shape, strict=True):
+        start, stop, _ = s.indices(dim)
+        parts.append(f"{start}:{stop}")
+    return "[" + ", ".join(parts) + "]"
+
+
+def _call(case: Case, check: str, thunk: Callable[[], object]) -> object:
+    """Run the implementation; an exception on valid input is a conformance failure."""
+    try:
+        return thunk()
+    except ConformanceFailure:
+        raise
+    except Exception as e:  # the kernel's own error, re-raised with the case attached
+        raise fail(case, check, f"raised {type(e).__name__} on valid input", [str(e)[:2000]]) from e
+
+
+def _run(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarray, ...], jax.Array]:
+    return _call(case, check, lambda: (runner.execute_cached if cached else runner.execute)(case))
+
+
+def _compare_shards(
+    case: Case, check: str, out: jax.Array, expected: np.ndarray, tol: np.ndarray
+) -> None:
+    """Every addressable shard against its block of ``expected``; reports the first wrong one."""
+    if tuple(out.shape) != tuple(expected.shape):
+        raise fail(case, check, f"output shape {tuple(out.shape)} != expected {expected.shape}")
+    mesh = runner.mesh_of(case)
+    wrong = []
+    for shard in sorted(out.addressable_shards, key=lambda s: s.device.id):
+        got = np.asarray(shard.data).astype(np.float64)
+        exp, t = expected[shard.index], tol[shard.index]
+        if got.shape != exp.shape:
+            wrong.append((shard, f"shard shape {got.shape} != block shape {exp.shape}", None))
+            continue
+        bad = ~(np.abs(got - exp) <= t)  # NaN counts as wrong
+        if bad.any():
+            wrong.append((shard, bad, (got, exp, t)))
+    if not wrong:
+        return
+    shard, bad, data = wrong[0]
+    details = [
+        f"first wrong shard: device {shard.device.id} (mesh coords {_device_coords(mesh, shard.device)}), "
+        f"block {_slice_text(shard.index, expected.shape)}",
+    ]
+    if data is None:
+        details.append(str(bad))
+    else:
+        got, exp, t = data
+        local = tuple(int(i) for i in np.argwhere(bad)[0])
+        offsets = [s.indices(d)[0] for s, d in zip(shard.index, expected.shape, strict=True)]
+        glob = tuple(o + i for o, i in zip(offsets, local, strict=True))
+        details.append(
+            f"first wrong index: out{list(glob)} = {got[local]!r}, expected {exp[local]!r} "
+            f"(tolerance {t[local]:.3g}, |error| {abs(got[local] - exp[local]):.3g})"
+        )
+        details.append(f"wrong elements in that shard: {int(bad.sum())} of {bad.size}")
+    details.append(f"wrong shards: {len(wrong)} of {len(out.addressable_shards)} "
+                   f"(devices {[s.device.id for s, _, _ in wrong]})")  # fmt: skip
+    raise fail(case, check, "values differ from the numpy float64 reference", details)
+
+
+def check_values(case: Case) -> None:
+    """Every shard of the result equals the float64 reference within the dtype's tolerance."""
+    inputs64, out = _run(case, "values", cached=False)
+    spec = case.spec
+    expected = spec.reference(*inputs64)
+    _compare_shards(case, "values", out, expected, spec.tolerance(*inputs64, case.dtype))
+
+
+def check_output_sharding(case: Case) -> None:
+    """The result's sharding is the spec's, and every device holds exactly its block.
+
+    A ``with_sharding_constraint`` is not trusted (it is a no-op on Explicit
+    meshes): the sharding is read off the result, and each addressable shard's
+    index and data are compared with what the spec's sharding implies.
+    """
+    inputs64, out = _run(case, "output_sharding")
+    expected_sharding = runner.expected_out_sharding(case)
+    ndim = len(case.out_shape)
+    if not out.sharding.is_equivalent_to(expected_sharding, ndim):
+        got_spec = getattr(out.sharding, "spec", out.sharding)
+        raise fail(case, "output_sharding", "output sharding differs from the spec", [
+            f"expected       : {expected_sharding.spec}",
+            f"got            : {got_spec}  ({type(out.sharding).__name__})",
+        ])  # fmt: skip
+    index_map = expected_sharding.devices_indices_map(tuple(case.out_shape))
+    holders = {s.device for s in out.addressable_shards}
+    missing = [d.id for d in index_map if d not in holders]
+    if missing:
+        raise fail(case, "output_sharding", f"devices {missing} hold no shard of the output")
+    for shard in out.addressable_shards:
+        want = index_map[shard.device]
+        if _slice_text(shard.index, case.out_shape) != _slice_text(want, case.out_shape):
+            raise fail(case, "output_sharding", "a device holds the wrong block", [
+                f"device {shard.device.id}: holds {_slice_text(shard.index, case.out_shape)}, "
+                f"spec says {_slice_text(want, case.out_shape)}",
+            ])  # fmt: skip
+    spec = case.spec
+    _compare_shards(case, "output_sharding", out, spec.reference(*inputs64),
+                    spec.tolerance(*inputs64, case.dtype))  # fmt: skip
+
+
+def check_dtype(case: Case) -> None:
+    """The result (and every shard of it) has the inputs' dtype."""
+    _, out = _run(case, "dtype")
+    want = runner.np_dtype(case.dtype)
+    got = {np.dtype(out.dtype)} | {np.dtype(s.data.dtype) for s in out.addressable_shards}
+    if got != {want}:
+        raise fail(case, "dtype", f"result dtype {sorted(map(str, got))} != input dtype {want}")
+
+
+def check_determinism(case: Case) -> None:
+    """Two calls on the same inputs give bitwise-equal shards."""
+    _, first = _run(case, "determinism", cached=False)
+    _, second = _run(case, "determinism", cached=False)
+    a = {s.device.id: np.asarray(s.data) for s in first.addressable_shards}
+    b = {s.device.id: np.asarray(s.data) for s in second.addressable_shards}
+    for dev in sorted(a):
+        if a[dev].tobytes() != b.get(dev, np.empty(0)).tobytes():
+            diff = np.argwhere(a[dev].view(np.uint8).reshape(-1) != b[dev].view(np.uint8).reshape(-1))
+            raise fail(case, "determinism", "two calls on the same inputs differ bitwise", [
+                f"first differing shard: device {dev}, first differing byte {int(diff[0][0])}",
+            ])  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteRecord:
+    """Bytes one device receives per call, against the family's lower bound."""
+
+    family: str
+    impl: str
+    mesh: str
+    dtype: str
+    received: int | None
+    lower_bound: int
+    collectives: tuple[str, ...]
+
+    @property
+    def ratio(self) -> float | None:
+        if self.received is None or not self.lower_bound:
+            return None
+        return self.received / self.lower_bound
+
+
+#: Filled by :func:`check_collectives`; the pytest plugin prints it as a table.
+BYTE_RECORDS: list[ByteRecord] = []
+
+
+def compiled_collectives(case: Case) -> hlo.CollectiveSummary:
+    text = _call(case, "collectives", lambda: runner.compiled(case).as_text())
+    return hlo.parse_hlo(text)
+
+
+def check_collectives(case: Case) -> ByteRecord:
+    """Compiled HLO uses only the family's collectives and stays within its byte bound.
+
+    The baseline (XLA's own op) is exempt from both rules; its bytes are still
+    recorded so the report can compare.
+    """
+    spec, impl = case.spec, case.implementation
+    summary = compiled_collectives(case)
+    n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
+    received = summary.received_bytes_per_device()
+    record = ByteRecord(case.family, case.impl, case.mesh.label, case.dtype, received,
+                        spec.min_received_bytes(case.dims_map, n, itemsize),
+                        tuple(op.describe() for op in summary.ops))  # fmt: skip
+    BYTE_RECORDS.append(record)
+    if impl.baseline:
+        return record
+    ops = [f"  {op.describe()}" for op in summary.ops] or ["  (none)"]
+    bad = hlo.disallowed(summary, spec.allowed_collectives)
+    if bad:
+        raise fail(case, "collectives", "compiled HLO uses collectives the family forbids", [
+            f"allowed        : {', '.join(sorted(spec.allowed_collectives))}",
+            f"forbidden      : {', '.join(sorted({op.kind for op in bad}))}",
+            "collectives in the compiled module:", *ops,
+        ])  # fmt: skip
+    bound = spec.max_received_bytes(case.dims_map, n, itemsize)
+    if received is None or received > bound:
+        got = "unbounded (a collective runs in a loop of unknown trip count)" if received is None \
+            else f"{received} bytes"  # fmt: skip
+        raise fail(case, "collectives", "a device receives more than the family allows", [
+            f"bound          : {bound} bytes ({spec.byte_bound_text})",
+            f"received       : {got} per device per call",
+            "collectives in the compiled module:", *ops,
+        ])  # fmt: skip
+    return record
+
+
+#: Backends every implementation must lower for from the CPU host.
+LOWERING_TARGETS = ("tpu", "cuda")
+
+
+def check_cross_lowering(case: Case, targets: Sequence[str] = LOWERING_TARGETS) -> None:
+    """The implementation lowers for each target, using only the family's collectives there."""
+    spec, impl = case.spec, case.implementation
+    problems = []
+    for target in targets:
+        try:
+            text = runner.lowered_for(case, target).as_text()
+        except Exception as e:
+            problems.append(f"{target}: lowering raised {type(e).__name__}: {str(e)[:1500]}")
+            continue
+        bad = () if impl.baseline else hlo.disallowed(hlo.parse_stablehlo(text), spec.allowed_collectives)
+        if bad:
+            problems.append(f"{target}: lowered module uses forbidden collectives: "
+                            + "; ".join(op.describe() for op in bad))  # fmt: skip
+    if problems:
+        raise fail(case, "cross_lowering", "does not lower cleanly for every target", problems)
+
+
+def check_bad_inputs(case: Case) -> None:
+    """Each forbidden input raises an error that names the offending values."""
+    spec = case.spec
+    mesh = runner.mesh_of(case)
+    problems = []
+    for bad in spec.bad_inputs(case.mesh.axis_size):
+        axis = bad.axis_name or case.mesh.axis_name
+        dt = runner.np_dtype(case.dtype)
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        args = [jax.device_put(np.ones(shape, dt), replicated) for shape in bad.shapes]
+        fn = runner.jitted(case.family, case.impl, case.mesh, case.platform, axis)
+        try:
+            result = fn(*args)
+            jax.block_until_ready(result)
+        except Exception as e:
+            message = str(e)
+            missing = [m for m in bad.must_mention if m not in message]
+            if missing:
+                problems.append(f"{bad.description}: raised {type(e).__name__} without naming "
+                                f"{missing}: {message[:300]!r}")  # fmt: skip
+            continue
+        shape = getattr(result, "shape", "?")
+        problems.append(f"{bad.description}: returned a result of shape {shape} instead of raising")
+    if problems:
+        raise fail(case, "bad_inputs", "forbidden input is not rejected with a clear error", problems)
+
+
+#: Name -> check, for the replay command.
+CHECKS: dict[str, Callable[[Case], object]] = {
+    "values": check_values,
+    "output_sharding": check_output_sharding,
+    "dtype": check_dtype,
+    "determinism": check_determinism,
+    "collectives": check_collectives,
+    "cross_lowering": check_cross_lowering,
+    "bad_inputs": check_bad_inputs,
+}

@@ -1,0 +1,80 @@
+"""The checks every family gets, as pytest tests.
+
+A family's test module imports these and sets ``FAMILY``; the plugin then
+parametrizes ``implementation``, ``platform`` and ``mesh_config``. Each test is
+a thin call into :mod:`conformance.checks`, which holds the logic and the
+failure messages.
+
+Value checks draw whole cases with hypothesis (mesh, dims, dtype, seed); the
+fixed-shape checks run each implementation once per mesh at the family's
+canonical dims and share that one compile and run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import checks, strategies
+from conformance.runner import Case
+from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
+
+#: Meshes for the per-dtype checks: a 1-D ring of 4 and a 2-D mesh, one per axis type.
+REPRESENTATIVE_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"))
+
+
+def meshes(configs: tuple[MeshConfig, ...]):
+    """Decorator: parametrize ``mesh_config`` over ``configs`` instead of every standard mesh."""
+
+    def mark(fn):
+        fn.mesh_configs = configs
+        return fn
+
+    return mark
+
+
+def canonical_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype: str = "float32") -> Case:
+    from conformance import specs
+
+    return Case.make(family, impl, mesh, specs.get(family).canonical_dims, dtype, platform=platform)
+
+
+@given(data=st.data())
+def test_values(family: str, implementation: str, platform: str, data: st.DataObject) -> None:
+    """Values on every shard against numpy float64, over drawn meshes, dims, dtypes."""
+    checks.check_values(strategies.draw_case(data, family, implementation, platform))
+
+
+@meshes(MESH_CONFIGS)
+def test_output_sharding(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
+    checks.check_output_sharding(canonical_case(family, implementation, platform, mesh_config))
+
+
+@meshes(REPRESENTATIVE_MESHES)
+def test_dtype(family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str) -> None:
+    checks.check_dtype(canonical_case(family, implementation, platform, mesh_config, dtype))
+
+
+@meshes(MESH_CONFIGS)
+def test_determinism(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
+    checks.check_determinism(canonical_case(family, implementation, platform, mesh_config))
+
+
+@meshes(MESH_CONFIGS)
+def test_collectives(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
+    checks.check_collectives(canonical_case(family, implementation, platform, mesh_config))
+
+
+@meshes(MESH_CONFIGS)
+def test_cross_lowering(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
+    checks.check_cross_lowering(canonical_case(family, implementation, platform, mesh_config))
+
+
+@meshes(REPRESENTATIVE_MESHES)
+def test_bad_inputs(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
+    checks.check_bad_inputs(canonical_case(family, implementation, platform, mesh_config))
+
+
+__all__ = [name for name in dir() if name.startswith("test_")]
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:jax")

@@ -1,0 +1,137 @@
+"""pytest plugin: loads kernels, parametrizes the family tests, gates backends, reports bytes.
+
+Options:
+
+``--kernels=MODULE[,MODULE...]``
+    import these modules before collection; their ``conformance.register``
+    calls join the run next to the built-ins (``kernels``).
+``--impl=GLOB[,GLOB...]``
+    run only implementations whose names match one of the globs.
+
+Each family test module sets ``FAMILY = "<name>"``; tests that take
+``implementation`` are parametrized over that family's registered
+implementations (the test id contains the name), ``mesh_config`` over the
+standard meshes, and ``platform`` over cpu/gpu/tpu, each value carrying the
+marker of the same name. A platform this host lacks is skipped with a reason,
+so ``pytest -m tpu`` on a CPU host skips rather than errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from conformance import compat, registry, specs
+from fixtures import devices as devices_lib
+from fixtures import meshes
+
+settings.register_profile(
+    "conformance-ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=10,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "conformance-thorough",
+    parent=settings.get_profile("conformance-ci"),
+    derandomize=False,
+    max_examples=200,
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "collective-kernel conformance")
+    group.addoption("--kernels", action="append", default=[], metavar="MODULE[,MODULE...]",
+                    help="import these modules so their conformance.register calls join the run")  # fmt: skip
+    group.addoption("--impl", default=None, metavar="GLOB[,GLOB...]",
+                    help="run only implementations whose names match one of these globs")  # fmt: skip
+
+
+def kernel_modules(config: pytest.Config) -> list[str]:
+    return [m.strip() for opt in config.getoption("kernels") for m in opt.split(",") if m.strip()]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    compat.configure_cpu_devices(devices_lib.CPU_DEVICE_COUNT)
+    if not config.getoption("hypothesis_profile", None):
+        settings.load_profile("conformance-ci")
+    for module in ["kernels", *kernel_modules(config)]:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise pytest.UsageError(f"--kernels: cannot import {module!r}: {e}") from e
+    pattern = config.getoption("impl")
+    if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
+        names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))
+        raise pytest.UsageError(f"--impl={pattern} matches no implementation; registered: {names}")
+
+
+@pytest.fixture(scope="module")
+def family(request: pytest.FixtureRequest) -> str:
+    return request.module.FAMILY
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    names = metafunc.fixturenames
+    if "implementation" in names:
+        family = metafunc.module.FAMILY
+        impls = registry.registered(family, metafunc.config.getoption("impl"))
+        metafunc.parametrize("implementation", [i.name for i in impls])
+    if "mesh_config" in names:
+        configs = getattr(metafunc.function, "mesh_configs", meshes.MESH_CONFIGS)
+        metafunc.parametrize("mesh_config", configs, ids=[c.label for c in configs])
+    if "dtype" in names:
+        dtypes = specs.get(metafunc.module.FAMILY).dtypes
+        metafunc.parametrize("dtype", dtypes)
+    if "platform" in names:
+        metafunc.parametrize(
+            "platform",
+            [pytest.param(p, marks=getattr(pytest.mark, p)) for p in devices_lib.PLATFORMS],
+        )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test whose platform marker names a backend this host lacks."""
+    for platform in devices_lib.PLATFORMS:
+        if item.get_closest_marker(platform) and not devices_lib.has_platform(platform):
+            pytest.skip(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
+
+
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """A mesh larger than the host's device count skips with 'needs N devices, found M'."""
+    config = getattr(item, "callspec", None) and item.callspec.params.get("mesh_config")
+    platform = getattr(item, "callspec", None) and item.callspec.params.get("platform")
+    if config and platform:
+        found = len(devices_lib.devices_of(platform))
+        if found < config.num_devices:
+            pytest.skip(f"needs {config.num_devices} devices, found {found}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+    from conformance.checks import BYTE_RECORDS
+
+    if not BYTE_RECORDS:
+        return
+    tr = terminalreporter
+    tr.section("bytes received per device / lower bound (from compiled HLO)")
+    by_impl: dict[tuple[str, str], list] = defaultdict(list)
+    for rec in BYTE_RECORDS:
+        by_impl[(rec.family, rec.impl)].append(rec)
+    width = max(len(impl) for _, impl in by_impl)
+    for (family, impl), recs in sorted(by_impl.items()):
+        ratios = [r.ratio for r in recs if r.ratio is not None]
+        unbounded = [r.mesh for r in recs if r.received is None]
+        kinds = sorted({c.split("(")[0] for r in recs for c in r.collectives})
+        span = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "n/a"
+        if ratios and min(ratios) == max(ratios):
+            span = f"{ratios[0]:.2f}"
+        line = f"{family:<18} {impl:<{width}}  ratio {span:>9} over {len(recs):>2} meshes  via {', '.join(kinds) or 'none'}"
+        if unbounded:
+            line += f"  UNBOUNDED on {unbounded}"
+        tr.write_line(line)

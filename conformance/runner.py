@@ -1,0 +1,220 @@
+"""Cases, inputs, and compile-once execution shared by every check.
+
+A :class:`Case` pins everything about one run (family, implementation, mesh,
+dims, dtype, platform, seed) and prints as a token the replay command reads
+back, so any failure can be reproduced with one line outside pytest.
+
+Compiled executables are cached per (implementation, mesh, platform, operand
+shapes, dtype): the sharding, dtype, determinism and HLO checks of one mesh all
+reuse a single compile, and hypothesis examples that revisit a shape do too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import shlex
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from conformance import registry, specs, tolerances
+from conformance.specs.base import FamilySpec
+from fixtures.meshes import MeshConfig, build_mesh, parse_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One fully pinned configuration of one implementation."""
+
+    family: str
+    impl: str
+    mesh: MeshConfig
+    dims: tuple[tuple[str, int], ...]
+    dtype: str
+    platform: str = "cpu"
+    seed: int = 0
+
+    @classmethod
+    def make(
+        cls,
+        family: str,
+        impl: str,
+        mesh: MeshConfig,
+        dims: Mapping[str, int],
+        dtype: str,
+        *,
+        platform: str = "cpu",
+        seed: int = 0,
+    ) -> Case:
+        spec = specs.get(family)
+        missing = set(spec.dims) - set(dims)
+        if missing:
+            raise ValueError(f"{family} needs dims {spec.dims}; missing {sorted(missing)}")
+        return cls(family, impl, mesh, tuple((k, int(dims[k])) for k in spec.dims), dtype,
+                   platform, seed)  # fmt: skip
+
+    @property
+    def spec(self) -> FamilySpec:
+        return specs.get(self.family)
+
+    @property
+    def implementation(self) -> registry.Implementation:
+        return registry.get(self.family, self.impl)
+
+    @property
+    def dims_map(self) -> dict[str, int]:
+        return dict(self.dims)
+
+    @property
+    def operand_shapes(self) -> tuple[tuple[int, ...], ...]:
+        n = self.mesh.axis_size
+        return tuple(op.shape(self.dims_map, n) for op in self.spec.operands)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.spec.out_shape(self.dims_map, self.mesh.axis_size)
+
+    @property
+    def token(self) -> str:
+        """``2x4-y-explicit:rows_per_shard=3,K=8,cols_per_shard=2:bfloat16:seed=0``"""
+        dims = ",".join(f"{k}={v}" for k, v in self.dims)
+        return f"{self.mesh.label}:{dims}:{self.dtype}:seed={self.seed}"
+
+    @classmethod
+    def from_token(cls, family: str, impl: str, token: str, *, platform: str = "cpu") -> Case:
+        try:
+            mesh_label, dims_text, dtype, seed_text = token.split(":")
+            dims = dict((k, int(v)) for k, v in (kv.split("=") for kv in dims_text.split(",")))
+            seed = int(seed_text.removeprefix("seed="))
+        except ValueError as e:
+            raise ValueError(
+                f"bad case token {token!r}; expected MESH:DIM=V,...:DTYPE:seed=S"
+            ) from e
+        return cls.make(family, impl, parse_mesh(mesh_label), dims, dtype,
+                        platform=platform, seed=seed)  # fmt: skip
+
+    def replay_command(self, check: str) -> str:
+        """One line that re-runs exactly this check on exactly this case."""
+        parts = ["python", "-m", "conformance", "replay", check, self.family, self.impl, self.token]
+        if self.platform != "cpu":
+            parts += ["--platform", self.platform]
+        module = self.implementation.module if self._is_registered() else ""
+        if module and not module.startswith("kernels"):
+            parts += ["--kernels", module]
+        return shlex.join(parts)
+
+    def _is_registered(self) -> bool:
+        return self.impl in registry.implementations(self.family)
+
+    def describe(self) -> list[str]:
+        """The header every failure message starts with."""
+        spec, axis = self.spec, self.mesh.axis_name
+        ins = ", ".join(
+            f"{op.name}{list(shape)} {op.spec(axis)}"
+            for op, shape in zip(spec.operands, self.operand_shapes, strict=True)
+        )
+        return [
+            f"implementation : {self.impl}  (family {self.family})",
+            f"mesh           : {self.mesh.describe()} on {self.platform}",
+            f"dtype          : {self.dtype}",
+            f"shapes         : {ins} -> out{list(self.out_shape)} {spec.out_spec(axis)}",
+            f"dims           : {', '.join(f'{k}={v}' for k, v in self.dims)}",
+        ]
+
+
+def np_dtype(dtype: str) -> np.dtype:
+    return np.dtype(jnp.dtype(dtype))
+
+
+def make_inputs(case: Case) -> tuple[np.ndarray, ...]:
+    """Deterministic inputs for ``case``, already rounded to its dtype.
+
+    Floats are standard normal; integers are uniform in ``[-B, B]`` with
+    ``B = tolerances.INTEGER_INPUT_BOUND`` so integer arithmetic stays exact.
+    """
+    out = []
+    for i, shape in enumerate(case.operand_shapes):
+        rng = np.random.default_rng([case.seed, i, zlib.crc32(case.token.encode())])
+        dt = np_dtype(case.dtype)
+        if np.issubdtype(dt, np.integer):
+            bound = tolerances.INTEGER_INPUT_BOUND
+            out.append(rng.integers(-bound, bound + 1, size=shape).astype(dt))
+        else:
+            out.append(rng.standard_normal(shape).astype(dt))
+    return tuple(out)
+
+
+def mesh_of(case: Case) -> jax.sharding.Mesh:
+    return build_mesh(case.mesh, case.platform)
+
+
+def operand_shardings(case: Case, axis_name: str | None = None) -> tuple[NamedSharding, ...]:
+    mesh, axis = mesh_of(case), axis_name or case.mesh.axis_name
+    return tuple(NamedSharding(mesh, op.spec(axis)) for op in case.spec.operands)
+
+
+def expected_out_sharding(case: Case) -> NamedSharding:
+    return NamedSharding(mesh_of(case), case.spec.out_spec(case.mesh.axis_name))
+
+
+def place(case: Case, arrays: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
+    return tuple(
+        jax.device_put(a, s) for a, s in zip(arrays, operand_shardings(case), strict=True)
+    )
+
+
+@functools.cache
+def jitted(family: str, impl: str, mesh: MeshConfig, platform: str, axis_name: str) -> Any:
+    """``jax.jit`` of the implementation with its static keywords bound (one per mesh/axis)."""
+    fn = registry.get(family, impl).fn
+    return jax.jit(functools.partial(fn, mesh=build_mesh(mesh, platform), axis_name=axis_name))
+
+
+def _abstract_args(case: Case) -> tuple[jax.ShapeDtypeStruct, ...]:
+    dt = jnp.dtype(case.dtype)
+    return tuple(
+        jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
+        for shape, sharding in zip(case.operand_shapes, operand_shardings(case), strict=True)
+    )
+
+
+def _compile_key(case: Case) -> Case:
+    return dataclasses.replace(case, seed=0)
+
+
+@functools.cache
+def _compiled(key: Case) -> Any:
+    fn = jitted(key.family, key.impl, key.mesh, key.platform, key.mesh.axis_name)
+    return fn.lower(*_abstract_args(key)).compile()
+
+
+def compiled(case: Case) -> Any:
+    """The compiled executable for ``case``'s shapes (cached; the seed does not matter)."""
+    return _compiled(_compile_key(case))
+
+
+def lowered_for(case: Case, target: str) -> Any:
+    """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"``."""
+    from conformance import compat
+
+    fn = jitted(case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name)
+    return compat.lower_for_platform(fn, _abstract_args(case), target)
+
+
+def execute(case: Case) -> tuple[tuple[np.ndarray, ...], jax.Array]:
+    """Run ``case`` once on fresh inputs; returns (float64 inputs, output)."""
+    inputs = make_inputs(case)
+    out = compiled(case)(*place(case, inputs))
+    return tuple(a.astype(np.float64) for a in inputs), out
+
+
+@functools.cache
+def execute_cached(case: Case) -> tuple[tuple[np.ndarray, ...], jax.Array]:
+    """:func:`execute`, memoized: the fixed-shape checks of one case share a single run."""
+    return execute(case)

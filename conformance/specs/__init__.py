@@ -1,0 +1,18 @@
+"""The spec of every kernel family, in one place each; checks read it, never restate it."""
+
+from __future__ import annotations
+
+from conformance.specs.allgather_matmul import ALLGATHER_MATMUL
+from conformance.specs.base import BadInput, FamilySpec, Operand
+
+FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (ALLGATHER_MATMUL,)}
+
+
+def get(family: str) -> FamilySpec:
+    try:
+        return FAMILIES[family]
+    except KeyError:
+        raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}") from None
+
+
+__all__ = ["FAMILIES", "BadInput", "FamilySpec", "Operand", "get"]

@@ -1,0 +1,45 @@
+"""Every hypothesis strategy the suite uses, in one place.
+
+Sizes are drawn from short lists of small values rather than ranges: each
+distinct shape is a compile, so a short list lets examples share executables,
+while still covering the edge cases that matter (1 row per shard, odd rows, a
+contraction of 1, sizes that are not powers of two).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from conformance import specs
+from conformance.runner import Case
+from fixtures.meshes import MESH_CONFIGS, MeshConfig
+
+#: Candidate values per named dim. K stays <= 32 so that gamma_{K+1} for
+#: bfloat16 (about K * 2**-8) stays well below 1 and the tolerance stays tight.
+DIM_VALUES: dict[str, tuple[int, ...]] = {
+    "rows_per_shard": (1, 2, 3, 5, 8),
+    "cols_per_shard": (1, 2, 3, 8),
+    "K": (1, 3, 8, 16, 32),
+}
+
+
+def mesh_configs(configs: tuple[MeshConfig, ...] = MESH_CONFIGS) -> st.SearchStrategy[MeshConfig]:
+    return st.sampled_from(configs)
+
+
+def dims(family: str) -> st.SearchStrategy[dict[str, int]]:
+    spec = specs.get(family)
+    return st.fixed_dictionaries({d: st.sampled_from(DIM_VALUES[d]) for d in spec.dims})
+
+
+def dtypes(family: str) -> st.SearchStrategy[str]:
+    return st.sampled_from(specs.get(family).dtypes)
+
+
+def draw_case(data: st.DataObject, family: str, impl: str, platform: str) -> Case:
+    """Draw a whole case with labelled draws (hypothesis prints each label on failure)."""
+    mesh = data.draw(mesh_configs(), label="mesh")
+    dtype = data.draw(dtypes(family), label="dtype")
+    drawn = data.draw(dims(family), label="dims")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    return Case.make(family, impl, mesh, drawn, dtype, platform=platform, seed=seed)

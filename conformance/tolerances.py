@@ -1,0 +1,60 @@
+"""Per-dtype tolerances, in one place, derived from each dtype's precision.
+
+Ground truth is numpy float64 on the inputs *as rounded to the dtype*, so input
+rounding is not part of the error; only the kernel's own arithmetic is.
+
+* Data movement (gathers, permutes) must be exact: tolerance 0 for every dtype.
+* A dot product of length K computed in a precision with unit roundoff ``u``
+  (any accumulation order, any accumulator at least that precise) then
+  rounded once to the output dtype obeys Higham's bound (*Accuracy and Stability
+  of Numerical Algorithms*, Thm 3.5)::
+
+      |fl(a . b) - a . b|  <=  gamma_{K+1} * (|a| . |b|),   gamma_n = n u / (1 - n u)
+
+  so the tolerance is elementwise, scaled by ``|lhs| @ |rhs|``: it tightens where
+  the terms are small and never excuses a wrong row or column (whose error is of
+  the order of ``|lhs| @ |rhs|`` itself, far above ``gamma_{K+1}`` for the K the
+  strategies draw).
+* Integer dtypes are exact: the strategies keep values small enough that no
+  partial sum can overflow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Unit roundoff u = 2**-p for a p-bit significand (implicit bit included).
+UNIT_ROUNDOFF: dict[str, float] = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+}
+
+#: Largest |value| the input generators produce for integer dtypes.
+INTEGER_INPUT_BOUND = 8
+
+
+def is_exact(dtype: str) -> bool:
+    return dtype not in UNIT_ROUNDOFF
+
+
+def gamma(n: int, dtype: str) -> float:
+    """Higham's gamma_n for ``dtype``; 0 for exact (integer) dtypes."""
+    if is_exact(dtype):
+        return 0.0
+    nu = n * UNIT_ROUNDOFF[dtype]
+    if nu >= 1:
+        raise ValueError(f"gamma_{n} is unbounded for {dtype}: choose a smaller contraction size")
+    return nu / (1 - nu)
+
+
+def data_movement_tolerance(shape: tuple[int, ...]) -> np.ndarray:
+    """Gathers and permutes copy bits: zero tolerance."""
+    return np.zeros(shape)
+
+
+def matmul_tolerance(lhs: np.ndarray, rhs: np.ndarray, dtype: str) -> np.ndarray:
+    """Elementwise bound on ``|computed - exact|`` for ``lhs @ rhs`` computed in ``dtype``."""
+    k = lhs.shape[-1]
+    return gamma(k + 1, dtype) * (np.abs(lhs) @ np.abs(rhs))

@@ -1,0 +1,7 @@
+"""Reference kernels, one family per sub-package.
+
+Importing this package registers every built-in implementation with
+``conformance.register``, exactly as a third-party module would.
+"""
+
+from kernels import allgather_matmul  # noqa: F401  (registers on import)
