@@ -59,9 +59,7 @@ def _run(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarr
     return _call(case, check, lambda: (runner.execute_cached if cached else runner.execute)(case))
 
 
-def _compare_shards(
-    case: Case, check: str, out: jax.Array, expected: np.ndarray, tol: np.ndarray
-) -> None:
+def _compare_shards(case: Case, check: str, out: jax.Array, expected: np.ndarray, tol: np.ndarray) -> None:
     """Every addressable shard against its block of ``expected``; reports the first wrong one."""
     if tuple(out.shape) != tuple(expected.shape):
         raise fail(case, check, f"output shape {tuple(out.shape)} != expected {expected.shape}")
@@ -91,7 +89,8 @@ def _compare_shards(
         offsets = [s.indices(d)[0] for s, d in zip(shard.index, expected.shape, strict=True)]
         glob = tuple(o + i for o, i in zip(offsets, local, strict=True))
         details.append(
-            f"first wrong index: out{list(glob)} = {got[local]!r}, expected {exp[local]!r} "
+            f"first wrong index: out{list(glob)} = {float(got[local]):.7g}, "
+            f"expected {float(exp[local]):.7g} "
             f"(tolerance {t[local]:.3g}, |error| {abs(got[local] - exp[local]):.3g})"
         )
         details.append(f"wrong elements in that shard: {int(bad.sum())} of {bad.size}")

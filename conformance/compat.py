@@ -15,9 +15,7 @@ from typing import Any
 
 import jax
 
-JAX_VERSION: tuple[int, ...] = tuple(
-    int(part) for part in jax.__version__.split(".")[:3] if part.isdigit()
-)
+JAX_VERSION: tuple[int, ...] = tuple(int(part) for part in jax.__version__.split(".")[:3] if part.isdigit())
 
 
 def configure_cpu_devices(count: int) -> None:

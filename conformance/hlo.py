@@ -214,8 +214,7 @@ def _operand_names(operands: str) -> list[str]:
 
 def _nested_ints(body: str) -> tuple[tuple[int, ...], ...]:
     return tuple(
-        tuple(int(x) for x in group.split(",") if x.strip())
-        for group in re.findall(r"\{([0-9,\s]*)\}", body)
+        tuple(int(x) for x in group.split(",") if x.strip()) for group in re.findall(r"\{([0-9,\s]*)\}", body)
     )
 
 
@@ -253,7 +252,9 @@ def parse_hlo(text: str) -> CollectiveSummary:
         inst = _INSTRUCTION.match(line)
         if inst and current is not None:
             operands, attrs = _split_call(inst["rest"])
-            computations[current].append((inst["name"], inst["type"], inst["opcode"], operands + "\x00" + attrs))
+            computations[current].append(
+                (inst["name"], inst["type"], inst["opcode"], operands + "\x00" + attrs)
+            )
             continue
         comp = _COMPUTATION.match(line)
         if comp:
@@ -302,9 +303,7 @@ def parse_hlo(text: str) -> CollectiveSummary:
             if base not in COLLECTIVE_KINDS:
                 continue
             operands, attrs = payload.split("\x00", 1)
-            operand_shapes = tuple(
-                s for n in _operand_names(operands) for s in _shapes(types.get(n, ""))
-            )
+            operand_shapes = tuple(s for n in _operand_names(operands) for s in _shapes(types.get(n, "")))
             pairs = _PAIRS.search(attrs)
             groups = _GROUPS.search(attrs)
             replica_groups = None
@@ -375,9 +374,7 @@ def parse_stablehlo(text: str) -> CollectiveSummary:
                 computation="",
                 operand_shapes=shapes_in,
                 result_shapes=(),
-                source_target_pairs=(
-                    tuple(tuple(p) for p in json.loads(pairs[1])) if pairs else None
-                ),
+                source_target_pairs=(tuple(tuple(p) for p in json.loads(pairs[1])) if pairs else None),
                 replica_groups=(tuple(tuple(g) for g in json.loads(groups[1])) if groups else None),
                 multiplicity=1,
             )

@@ -22,7 +22,7 @@ import importlib
 from collections import defaultdict
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from conformance import compat, registry, specs
 from fixtures import devices as devices_lib
@@ -35,6 +35,8 @@ settings.register_profile(
     deadline=None,
     max_examples=10,
     print_blob=True,
+    # No "explain" phase: its line-coverage report is noise next to the failure message.
+    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
@@ -113,7 +115,7 @@ def pytest_runtest_call(item: pytest.Item) -> None:
             pytest.skip(f"needs {config.num_devices} devices, found {found}")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     from conformance.checks import BYTE_RECORDS
 
     if not BYTE_RECORDS:
@@ -131,7 +133,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
         span = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "n/a"
         if ratios and min(ratios) == max(ratios):
             span = f"{ratios[0]:.2f}"
-        line = f"{family:<18} {impl:<{width}}  ratio {span:>9} over {len(recs):>2} meshes  via {', '.join(kinds) or 'none'}"
+        via = ", ".join(kinds) or "none"
+        line = f"{family:<18} {impl:<{width}}  ratio {span:>9} over {len(recs):>2} meshes  via {via}"
         if unbounded:
             line += f"  UNBOUNDED on {unbounded}"
         tr.write_line(line)

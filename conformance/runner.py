@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from conformance import registry, specs, tolerances
 from conformance.specs.base import FamilySpec
@@ -93,9 +93,7 @@ class Case:
             dims = dict((k, int(v)) for k, v in (kv.split("=") for kv in dims_text.split(",")))
             seed = int(seed_text.removeprefix("seed="))
         except ValueError as e:
-            raise ValueError(
-                f"bad case token {token!r}; expected MESH:DIM=V,...:DTYPE:seed=S"
-            ) from e
+            raise ValueError(f"bad case token {token!r}; expected MESH:DIM=V,...:DTYPE:seed=S") from e
         return cls.make(family, impl, parse_mesh(mesh_label), dims, dtype,
                         platform=platform, seed=seed)  # fmt: skip
 
@@ -164,9 +162,7 @@ def expected_out_sharding(case: Case) -> NamedSharding:
 
 
 def place(case: Case, arrays: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
-    return tuple(
-        jax.device_put(a, s) for a, s in zip(arrays, operand_shardings(case), strict=True)
-    )
+    return tuple(jax.device_put(a, s) for a, s in zip(arrays, operand_shardings(case), strict=True))
 
 
 @functools.cache

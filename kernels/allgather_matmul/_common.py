@@ -15,9 +15,13 @@ def validate(name: str, lhs: jax.Array, rhs: jax.Array, mesh: jax.sharding.Mesh,
         raise ValueError(f"{name}: expected lhs[M,K] and rhs[K,N], got {lhs.shape} and {rhs.shape}")
     m, n_cols = lhs.shape[0], rhs.shape[1]
     if m % n:
-        raise ValueError(f"{name}: lhs has M={m} rows, not divisible by the {n} devices of axis {axis_name!r}")
+        raise ValueError(
+            f"{name}: lhs has M={m} rows, not divisible by the {n} devices of axis {axis_name!r}"
+        )
     if n_cols % n:
-        raise ValueError(f"{name}: rhs has N={n_cols} columns, not divisible by the {n} devices of axis {axis_name!r}")
+        raise ValueError(
+            f"{name}: rhs has N={n_cols} columns, not divisible by the {n} devices of axis {axis_name!r}"
+        )
     if lhs.dtype != rhs.dtype:
         raise ValueError(f"{name}: lhs dtype {lhs.dtype} != rhs dtype {rhs.dtype}")
     return n

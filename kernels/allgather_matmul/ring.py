@@ -75,9 +75,7 @@ def _bidirectional_body(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name
         top = lhs_block[:top_rows]  # travels left: at step s, top half of block (me + s)
         bottom = lhs_block[top_rows:]  # travels right: at step s, bottom half of block (me - s)
         next_top = lax.ppermute(top, axis_name, ring_perm(n, -1)) if n > 1 else top
-        next_bottom = (
-            lax.ppermute(bottom, axis_name, ring_perm(n, +1)) if n > 1 and bottom_rows else bottom
-        )
+        next_bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1)) if n > 1 and bottom_rows else bottom
         out = lax.dynamic_update_slice(out, local_matmul(lhs_block, rhs_block), (me * m, 0))
     for step in range(1, n):
         with jax.named_scope(f"ring_step_{step}"):

@@ -1,0 +1,66 @@
+"""Command line: replay one failing check, or list what is registered.
+
+    python -m conformance replay CHECK FAMILY IMPL CASE [--kernels MODULE] [--platform cpu]
+    python -m conformance list [--kernels MODULE]
+
+Every failure message ends with a ready-made ``replay`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+
+def _load(modules: list[str]) -> None:
+    from conformance import compat
+    from fixtures.devices import CPU_DEVICE_COUNT
+
+    compat.configure_cpu_devices(CPU_DEVICE_COUNT)  # before any backend starts
+    for module in ["kernels", *modules]:
+        importlib.import_module(module)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    replay = sub.add_parser("replay", help="re-run one check on one case")
+    replay.add_argument("check")
+    replay.add_argument("family")
+    replay.add_argument("impl")
+    replay.add_argument("case", help="MESH:DIM=V,...:DTYPE:seed=S, as printed in the failure")
+    replay.add_argument("--platform", default="cpu")
+    replay.add_argument("--kernels", action="append", default=[])
+    listing = sub.add_parser("list", help="list registered implementations per family")
+    listing.add_argument("--kernels", action="append", default=[])
+    args = parser.parse_args(argv)
+    _load([m for opt in args.kernels for m in opt.split(",") if m])
+
+    from conformance import checks, registry, specs
+    from conformance.runner import Case
+
+    if args.command == "list":
+        for family in specs.FAMILIES:
+            print(f"{family}: {specs.get(family).summary}")
+            for impl in registry.registered(family):
+                tag = " (baseline)" if impl.baseline else ""
+                print(f"  {impl.name}{tag}  [{impl.module}]  {impl.description}")
+        return 0
+
+    if args.check not in checks.CHECKS:
+        parser.error(f"unknown check {args.check!r}; one of {', '.join(checks.CHECKS)}")
+    case = Case.from_token(args.family, args.impl, args.case, platform=args.platform)
+    print("\n".join(case.describe()))
+    try:
+        checks.CHECKS[args.check](case)
+    except checks.ConformanceFailure as failure:
+        print(f"\nFAILED {args.check}\n{failure}")
+        return 1
+    print(f"\nPASSED {args.check}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

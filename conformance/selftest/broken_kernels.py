@@ -1,0 +1,130 @@
+"""Implementations broken in exactly one way each. The suite must reject every one.
+
+Each registers like a third-party kernel (``broken_*`` names) and names, in
+``EXPECTED_REJECTION``, the check that is meant to catch it. Load them with
+``pytest conformance --kernels=conformance.selftest.broken_kernels``; the
+self-test (``test_rejects_broken_kernels.py``) does exactly that and asserts
+each is rejected by its check while the built-ins pass.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import conformance
+from kernels.allgather_matmul._common import local_matmul, validate
+from kernels.allgather_matmul.ring import ring_perm
+
+#: broken implementation -> the test (check) that must fail for it
+EXPECTED_REJECTION: dict[str, str] = {
+    "broken_ring_wrong_slot": "test_values",
+    "broken_allgather_then_matmul": "test_collectives",
+    "broken_output_sharded_over_other_axis": "test_output_sharding",
+    "broken_truncates_indivisible_rows": "test_bad_inputs",
+    "broken_bfloat16_compute": "test_values",
+    "broken_promotes_dtype": "test_dtype",
+    "broken_ring_sends_double": "test_collectives",
+}
+
+
+def _ring(lhs, rhs, *, mesh, axis_name, slot_sign=+1, payload=lambda b: b, unpayload=lambda b: b,
+          matmul=local_matmul, out_spec=None):  # fmt: skip
+    """A unidirectional ring with hooks for each way of breaking it."""
+
+    def body(lhs_block, rhs_block):
+        n, me, m = lax.axis_size(axis_name), lax.axis_index(axis_name), lhs_block.shape[0]
+        out = jnp.zeros((m * n, rhs_block.shape[1]), matmul(lhs_block, rhs_block).dtype)
+        block = lhs_block
+        for step in range(n):
+            if step < n - 1:
+                nxt = unpayload(lax.ppermute(payload(block), axis_name, ring_perm(n, -1)))
+            out = lax.dynamic_update_slice(out, matmul(block, rhs_block),
+                                           (((me + slot_sign * step) % n) * m, 0))  # fmt: skip
+            if step < n - 1:
+                block = nxt
+        return out
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
+                         out_specs=out_spec or P(None, axis_name))(lhs, rhs)  # fmt: skip
+
+
+@conformance.register("allgather_matmul", name="broken_ring_wrong_slot")
+def broken_ring_wrong_slot(lhs, rhs, *, mesh, axis_name):
+    """Writes block (me+s) into slot (me-s): identical on 2 devices, wrong on 4 and 8."""
+    validate("broken_ring_wrong_slot", lhs, rhs, mesh, axis_name)
+    return _ring(lhs, rhs, mesh=mesh, axis_name=axis_name, slot_sign=-1)
+
+
+@conformance.register("allgather_matmul", name="broken_allgather_then_matmul")
+def broken_allgather_then_matmul(lhs, rhs, *, mesh, axis_name):
+    """Right values, wrong collectives: gathers all of lhs with all_gather, then multiplies."""
+
+    def body(lhs_block, rhs_block):
+        return local_matmul(lax.all_gather(lhs_block, axis_name, tiled=True), rhs_block)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
+                         out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip
+
+
+@conformance.register("allgather_matmul", name="broken_output_sharded_over_other_axis")
+def broken_output_sharded_over_other_axis(lhs, rhs, *, mesh, axis_name):
+    """Right values per device, but on 2-D meshes rows are split over the other axis."""
+    others = [a for a in mesh.axis_names if a != axis_name]
+    if not others:
+        return _ring(lhs, rhs, mesh=mesh, axis_name=axis_name)
+    other = others[0]
+
+    def keep_my_rows(full):  # the block of rows this device's coordinate on `other` owns
+        rows = full.shape[0] // lax.axis_size(other)
+        return lax.dynamic_slice_in_dim(full, lax.axis_index(other) * rows, rows)
+
+    def matmul(block, rhs_block):
+        return local_matmul(block, rhs_block)
+
+    gathered = _ring(lhs, rhs, mesh=mesh, axis_name=axis_name, matmul=matmul)
+    return jax.shard_map(keep_my_rows, mesh=mesh, in_specs=P(None, axis_name),
+                         out_specs=P(other, axis_name))(gathered)  # fmt: skip
+
+
+@conformance.register("allgather_matmul", name="broken_truncates_indivisible_rows")
+def broken_truncates_indivisible_rows(lhs, rhs, *, mesh, axis_name):
+    """No validation: silently drops the rows (and columns) that do not divide evenly."""
+    n = mesh.shape.get(axis_name, 1)
+    lhs = lhs[: lhs.shape[0] // n * n]
+    rhs = rhs[:, : rhs.shape[1] // n * n]
+    return _ring(lhs, rhs, mesh=mesh, axis_name=axis_name)
+
+
+@conformance.register("allgather_matmul", name="broken_bfloat16_compute")
+def broken_bfloat16_compute(lhs, rhs, *, mesh, axis_name):
+    """Multiplies in bfloat16 whatever the input dtype: fine for bf16, too coarse for f32."""
+    validate("broken_bfloat16_compute", lhs, rhs, mesh, axis_name)
+
+    def matmul(a, b):
+        return jnp.dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)).astype(a.dtype)
+
+    return _ring(lhs, rhs, mesh=mesh, axis_name=axis_name, matmul=matmul)
+
+
+@conformance.register("allgather_matmul", name="broken_promotes_dtype")
+def broken_promotes_dtype(lhs, rhs, *, mesh, axis_name):
+    """Returns the float32 accumulator for bfloat16/float16 inputs instead of casting back."""
+    validate("broken_promotes_dtype", lhs, rhs, mesh, axis_name)
+
+    def matmul(a, b):
+        acc = jnp.float32 if jnp.issubdtype(a.dtype, jnp.floating) else a.dtype
+        return jnp.dot(a, b, preferred_element_type=acc)
+
+    return _ring(lhs, rhs, mesh=mesh, axis_name=axis_name, matmul=matmul)
+
+
+@conformance.register("allgather_matmul", name="broken_ring_sends_double")
+def broken_ring_sends_double(lhs, rhs, *, mesh, axis_name):
+    """Right values, but every ring step ships the block twice (2x the byte bound)."""
+    validate("broken_ring_sends_double", lhs, rhs, mesh, axis_name)
+    double = lambda b: jnp.concatenate([b, b[::-1]], axis=0)
+    first_half = lambda b: b[: b.shape[0] // 2]
+    return _ring(lhs, rhs, mesh=mesh, axis_name=axis_name, payload=double, unpayload=first_half)
