@@ -8,7 +8,6 @@ this module is all the difference there is.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -40,13 +39,6 @@ def make_mesh(
 ) -> jax.sharding.Mesh:
     """``jax.make_mesh`` took ``axis_types`` as keyword-only in 0.6.2; keyword works everywhere."""
     return jax.make_mesh(tuple(shape), tuple(axis_names), axis_types=axis_types, devices=devices)
-
-
-def mesh_context(mesh: jax.sharding.Mesh) -> contextlib.AbstractContextManager:
-    """``jax.set_mesh`` (0.7+) or ``jax.sharding.use_mesh`` (0.6)."""
-    if hasattr(jax, "set_mesh"):
-        return jax.set_mesh(mesh)
-    return jax.sharding.use_mesh(mesh)  # pragma: no cover - JAX 0.6
 
 
 def lower_for_platform(jitted: Any, args: Sequence[Any], platform: str) -> Any:

@@ -99,16 +99,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip a test whose platform marker names a backend this host lacks."""
+    """Skip, with a reason, what this host cannot run: a missing backend or too few devices."""
     for platform in devices_lib.PLATFORMS:
         if item.get_closest_marker(platform) and not devices_lib.has_platform(platform):
             pytest.skip(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
-
-
-def pytest_runtest_call(item: pytest.Item) -> None:
-    """A mesh larger than the host's device count skips with 'needs N devices, found M'."""
-    config = getattr(item, "callspec", None) and item.callspec.params.get("mesh_config")
-    platform = getattr(item, "callspec", None) and item.callspec.params.get("platform")
+    params = getattr(item, "callspec", None)
+    config = params and params.params.get("mesh_config")
+    platform = params and params.params.get("platform")
     if config and platform:
         found = len(devices_lib.devices_of(platform))
         if found < config.num_devices:

@@ -8,10 +8,12 @@ contraction of 1, sizes that are not powers of two).
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import strategies as st
 
 from conformance import specs
 from conformance.runner import Case
+from fixtures.devices import devices_of
 from fixtures.meshes import MESH_CONFIGS, MeshConfig
 
 #: Candidate values per named dim. K stays <= 32 so that gamma_{K+1} for
@@ -23,8 +25,14 @@ DIM_VALUES: dict[str, tuple[int, ...]] = {
 }
 
 
-def mesh_configs(configs: tuple[MeshConfig, ...] = MESH_CONFIGS) -> st.SearchStrategy[MeshConfig]:
-    return st.sampled_from(configs)
+def mesh_configs(platform: str = "cpu") -> st.SearchStrategy[MeshConfig]:
+    """The standard meshes this host's ``platform`` has enough devices for."""
+    found = len(devices_of(platform))
+    fitting = [c for c in MESH_CONFIGS if c.num_devices <= found]
+    if not fitting:
+        smallest = min(c.num_devices for c in MESH_CONFIGS)
+        pytest.skip(f"needs {smallest} {platform} devices, found {found}")
+    return st.sampled_from(fitting)
 
 
 def dims(family: str) -> st.SearchStrategy[dict[str, int]]:
@@ -38,7 +46,7 @@ def dtypes(family: str) -> st.SearchStrategy[str]:
 
 def draw_case(data: st.DataObject, family: str, impl: str, platform: str) -> Case:
     """Draw a whole case with labelled draws (hypothesis prints each label on failure)."""
-    mesh = data.draw(mesh_configs(), label="mesh")
+    mesh = data.draw(mesh_configs(platform), label="mesh")
     dtype = data.draw(dtypes(family), label="dtype")
     drawn = data.draw(dims(family), label="dims")
     seed = data.draw(st.integers(0, 2**16), label="seed")

@@ -9,9 +9,13 @@ each is rejected by its check while the built-ins pass.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from jax.experimental import io_callback
 from jax.sharding import PartitionSpec as P
 
 import conformance
@@ -27,6 +31,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_bfloat16_compute": "test_values",
     "broken_promotes_dtype": "test_dtype",
     "broken_ring_sends_double": "test_collectives",
+    "broken_nondeterministic": "test_determinism",
 }
 
 
@@ -128,3 +133,19 @@ def broken_ring_sends_double(lhs, rhs, *, mesh, axis_name):
     double = lambda b: jnp.concatenate([b, b[::-1]], axis=0)
     first_half = lambda b: b[: b.shape[0] // 2]
     return _ring(lhs, rhs, mesh=mesh, axis_name=axis_name, payload=double, unpayload=first_half)
+
+
+_calls = itertools.count()
+
+
+@conformance.register("allgather_matmul", name="broken_nondeterministic")
+def broken_nondeterministic(lhs, rhs, *, mesh, axis_name):
+    """Right to within one ulp, but every other call nudges the result by that ulp."""
+    validate("broken_nondeterministic", lhs, rhs, mesh, axis_name)
+    out = _ring(lhs, rhs, mesh=mesh, axis_name=axis_name)
+    parity = io_callback(
+        lambda: np.int32(next(_calls) % 2), jax.ShapeDtypeStruct((), jnp.int32), ordered=True
+    )
+    if jnp.issubdtype(out.dtype, jnp.floating):
+        return jnp.where(parity == 1, jnp.nextafter(out, jnp.array(jnp.inf, out.dtype)), out)
+    return out + parity
