@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import checks, strategies
+from conformance import checks, specs, strategies
 from conformance.runner import Case
 from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
@@ -46,8 +46,6 @@ def run(check, case: Case) -> None:
 
 
 def canonical_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype: str = "float32") -> Case:
-    from conformance import specs
-
     return Case.make(family, impl, mesh, specs.get(family).canonical_dims, dtype, platform=platform)
 
 
@@ -88,4 +86,3 @@ def test_bad_inputs(family: str, implementation: str, platform: str, mesh_config
 
 
 __all__ = [name for name in dir() if name.startswith("test_")]
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:jax")

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from conformance import registry, specs, tolerances
+from conformance import compat, registry, specs, tolerances
 from conformance.specs.base import FamilySpec
 from fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 
@@ -197,8 +197,6 @@ def compiled(case: Case) -> Any:
 
 def lowered_for(case: Case, target: str) -> Any:
     """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"``."""
-    from conformance import compat
-
     fn = jitted(case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name)
     return compat.lower_for_platform(fn, _abstract_args(case), target)
 
