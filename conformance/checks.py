@@ -259,7 +259,7 @@ def check_bad_inputs(case: Case) -> None:
         dt = runner.np_dtype(case.dtype)
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         args = [jax.device_put(np.ones(shape, dt), replicated) for shape in bad.shapes]
-        fn = runner.jitted(case.family, case.impl, case.mesh, case.platform, axis)
+        fn = runner.jitted_for(case, axis_name=axis)
         try:
             result = fn(*args)
             jax.block_until_ready(result)

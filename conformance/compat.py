@@ -44,3 +44,65 @@ def make_mesh(
 def lower_for_platform(jitted: Any, args: Sequence[Any], platform: str) -> Any:
     """Lower a jitted function for another backend than the host's (no compile)."""
     return jitted.trace(*args).lower(lowering_platforms=(platform,))
+
+
+# ----------------------------------------------------------------------------- Pallas TPU interpret mode
+
+
+def interpret_params(*, dma_execution_mode: str, detect_races: bool) -> Any:
+    """``pltpu.InterpretParams`` with the fields the suite sets (named alike in 0.6.2 and now)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.InterpretParams(dma_execution_mode=dma_execution_mode, detect_races=detect_races)
+
+
+def _interpret_module() -> Any:
+    """The module holding interpret mode's global state: it moved into a package after 0.6."""
+    try:
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as module
+    except ImportError:  # JAX 0.6: a single module
+        from jax._src.pallas.mosaic import interpret as module
+    return module
+
+
+def races_found() -> bool:
+    """Whether the last interpreted kernel run with ``detect_races=True`` reported a race."""
+    races = getattr(_interpret_module(), "races", None)
+    return bool(races is not None and races.races_found)
+
+
+def reset_interpret_state() -> None:
+    """Drop interpret mode's simulated memory, semaphores and race state (after a failure)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    if hasattr(pltpu, "reset_tpu_interpret_mode_state"):
+        pltpu.reset_tpu_interpret_mode_state()
+        return
+    module = _interpret_module()  # JAX 0.6: no public reset
+    with module._shared_memory_init_lock:
+        module._shared_memory = None
+        module.races = None
+
+
+def abort_interpreted_kernel(reason: str) -> None:
+    """Make a kernel stuck in interpret mode (a wait nobody signals) stop, from another thread.
+
+    Newer JAX polls a failure flag in every wait: set it, and every device
+    raises and unwinds. JAX 0.6 waits on condition variables with no such
+    flag: signal every semaphore far past any wait and break the global
+    barrier, so the kernel runs to its end; the caller discards its result.
+    """
+    module = _interpret_module()
+    shared = getattr(module, "_shared_memory", None)
+    if shared is None:
+        return
+    if hasattr(shared, "set_failed"):
+        shared.set_failed(TimeoutError(reason), top_level=False)
+        return
+    with shared.lock:  # pragma: no cover - JAX 0.6
+        semaphores = list(getattr(shared, "sem", {}).values())
+    for sem in semaphores:
+        with sem.cv:
+            sem.counts += 1 << 30
+            sem.cv.notify_all()
+    shared.barrier.abort()

@@ -33,6 +33,12 @@ class Implementation:
     baseline: bool = False
     #: Free-form notes shown in reports (e.g. "bidirectional ring").
     description: str = ""
+    #: A Pallas TPU kernel: accepts ``interpret=`` (the suite passes
+    #: ``pltpu.InterpretParams`` on CPU and leaves it out on TPU), and gets the
+    #: race and hang checks.
+    pallas: bool = False
+    #: Backends it must lower for from the CPU host.
+    lowering_targets: tuple[str, ...] = ("tpu", "cuda")
 
     @property
     def module(self) -> str:
@@ -58,8 +64,16 @@ def register(
     name: str,
     baseline: bool = False,
     description: str = "",
+    pallas: bool = False,
+    lowering_targets: tuple[str, ...] | None = None,
 ) -> Callable[[F], F]:
-    """Register ``fn`` as an implementation of ``family`` under ``name``; returns ``fn`` unchanged."""
+    """Register ``fn`` as an implementation of ``family`` under ``name``; returns ``fn`` unchanged.
+
+    ``pallas=True`` declares a Pallas TPU kernel taking an ``interpret`` keyword;
+    its default ``lowering_targets`` is ``("tpu",)``, otherwise ``("tpu", "cuda")``.
+    """
+    if lowering_targets is None:
+        lowering_targets = ("tpu",) if pallas else ("tpu", "cuda")
     known = _known_families()
     if family not in known:
         raise ValueError(f"unknown kernel family {family!r}; known families: {', '.join(known)}")
@@ -69,7 +83,8 @@ def register(
     def decorator(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"register({family!r}, name={name!r}) needs a callable, got {fn!r}")
-        impl = Implementation(family, name, fn, baseline=baseline, description=description)
+        impl = Implementation(family, name, fn, baseline=baseline, description=description,
+                              pallas=pallas, lowering_targets=tuple(lowering_targets))  # fmt: skip
         existing = _REGISTRY.setdefault(family, {}).get(name)
         if existing is not None and existing.fn is not fn:
             same_place = (existing.module, existing.fn.__qualname__) == (

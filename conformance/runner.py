@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import shlex
+import threading
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -39,6 +40,8 @@ class Case:
     dtype: str
     platform: str = "cpu"
     seed: int = 0
+    #: Pallas kernels on CPU: TPU interpret mode's DMA execution ("eager" or "on_wait").
+    dma_mode: str | None = None
 
     @classmethod
     def make(
@@ -51,13 +54,16 @@ class Case:
         *,
         platform: str = "cpu",
         seed: int = 0,
+        dma_mode: str | None = None,
     ) -> Case:
         spec = specs.get(family)
+        if dma_mode not in (None, *DMA_MODES):
+            raise ValueError(f"dma_mode {dma_mode!r} is not one of {DMA_MODES}")
         missing = set(spec.dims) - set(dims)
         if missing:
             raise ValueError(f"{family} needs dims {spec.dims}; missing {sorted(missing)}")
         return cls(family, impl, mesh, tuple((k, int(dims[k])) for k in spec.dims), dtype,
-                   platform, seed)  # fmt: skip
+                   platform, seed, dma_mode)  # fmt: skip
 
     @property
     def spec(self) -> FamilySpec:
@@ -84,18 +90,21 @@ class Case:
     def token(self) -> str:
         """``2x4-y-explicit:rows_per_shard=3,K=8,cols_per_shard=2:bfloat16:seed=0``"""
         dims = ",".join(f"{k}={v}" for k, v in self.dims)
-        return f"{self.mesh.label}:{dims}:{self.dtype}:seed={self.seed}"
+        dma = f":dma={self.dma_mode}" if self.dma_mode else ""
+        return f"{self.mesh.label}:{dims}:{self.dtype}:seed={self.seed}{dma}"
 
     @classmethod
     def from_token(cls, family: str, impl: str, token: str, *, platform: str = "cpu") -> Case:
         try:
-            mesh_label, dims_text, dtype, seed_text = token.split(":")
+            mesh_label, dims_text, dtype, seed_text, *rest = token.split(":")
             dims = dict((k, int(v)) for k, v in (kv.split("=") for kv in dims_text.split(",")))
             seed = int(seed_text.removeprefix("seed="))
+            dma_mode = rest[0].removeprefix("dma=") if rest else None
         except ValueError as e:
-            raise ValueError(f"bad case token {token!r}; expected MESH:DIM=V,...:DTYPE:seed=S") from e
+            expected = "MESH:DIM=V,...:DTYPE:seed=S[:dma=MODE]"
+            raise ValueError(f"bad case token {token!r}; expected {expected}") from e
         return cls.make(family, impl, parse_mesh(mesh_label), dims, dtype,
-                        platform=platform, seed=seed)  # fmt: skip
+                        platform=platform, seed=seed, dma_mode=dma_mode)  # fmt: skip
 
     def replay_command(self, check: str) -> str:
         """One line that re-runs exactly this check on exactly this case."""
@@ -123,7 +132,14 @@ class Case:
             f"dtype          : {self.dtype}",
             f"shapes         : {ins} -> out{list(self.out_shape)} {spec.out_spec(axis)}",
             f"dims           : {', '.join(f'{k}={v}' for k, v in self.dims)}",
-        ]
+            *([f"interpret      : TPU interpret mode, dma_execution_mode={self.dma_mode!r}"]
+              if self.dma_mode else []),
+        ]  # fmt: skip
+
+
+#: TPU interpret mode's DMA execution orders; "on_wait" runs DMAs as late and
+#: out of order as the waits allow, which is what exposes reused semaphores.
+DMA_MODES = ("eager", "on_wait")
 
 
 def np_dtype(dtype: str) -> np.dtype:
@@ -166,10 +182,32 @@ def place(case: Case, arrays: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
 
 
 @functools.cache
-def jitted(family: str, impl: str, mesh: MeshConfig, platform: str, axis_name: str) -> Any:
-    """``jax.jit`` of the implementation with its static keywords bound (one per mesh/axis)."""
-    fn = registry.get(family, impl).fn
-    return jax.jit(functools.partial(fn, mesh=build_mesh(mesh, platform), axis_name=axis_name))
+def jitted(
+    family: str,
+    impl: str,
+    mesh: MeshConfig,
+    platform: str,
+    axis_name: str,
+    dma_mode: str | None = None,
+    detect_races: bool = False,
+) -> Any:
+    """``jax.jit`` of the implementation with its static keywords bound (one per configuration).
+
+    A Pallas kernel on CPU gets ``interpret=InterpretParams(...)``; on a TPU it
+    gets no ``interpret`` and is compiled for the chip.
+    """
+    record = registry.get(family, impl)
+    kwargs: dict[str, Any] = {"mesh": build_mesh(mesh, platform), "axis_name": axis_name}
+    if record.pallas and platform == "cpu":
+        kwargs["interpret"] = compat.interpret_params(
+            dma_execution_mode=dma_mode or "eager", detect_races=detect_races
+        )
+    return jax.jit(functools.partial(record.fn, **kwargs))
+
+
+def jitted_for(case: Case, *, axis_name: str | None = None, detect_races: bool = False) -> Any:
+    axis = axis_name or case.mesh.axis_name
+    return jitted(case.family, case.impl, case.mesh, case.platform, axis, case.dma_mode, detect_races)
 
 
 def _abstract_args(case: Case) -> tuple[jax.ShapeDtypeStruct, ...]:
@@ -185,26 +223,77 @@ def _compile_key(case: Case) -> Case:
 
 
 @functools.cache
-def _compiled(key: Case) -> Any:
-    fn = jitted(key.family, key.impl, key.mesh, key.platform, key.mesh.axis_name)
-    return fn.lower(*_abstract_args(key)).compile()
+def _compiled(key: Case, detect_races: bool) -> Any:
+    return jitted_for(key, detect_races=detect_races).lower(*_abstract_args(key)).compile()
 
 
-def compiled(case: Case) -> Any:
+def compiled(case: Case, *, detect_races: bool = False) -> Any:
     """The compiled executable for ``case``'s shapes (cached; the seed does not matter)."""
-    return _compiled(_compile_key(case))
+    return _compiled(_compile_key(case), detect_races)
 
 
 def lowered_for(case: Case, target: str) -> Any:
-    """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"``."""
-    fn = jitted(case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name)
+    """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"``.
+
+    A Pallas kernel is lowered as the real kernel (no ``interpret``).
+    """
+    fn = jax.jit(functools.partial(case.implementation.fn, mesh=mesh_of(case),
+                                   axis_name=case.mesh.axis_name))  # fmt: skip
     return compat.lower_for_platform(fn, _abstract_args(case), target)
 
 
-def execute(case: Case) -> tuple[tuple[np.ndarray, ...], jax.Array]:
+#: Seconds a Pallas kernel may run in interpret mode before the watchdog stops it.
+HANG_TIMEOUT_S: float = 20.0
+
+#: Implementations that hung this session -> where; their later runs fail at once.
+HUNG: dict[tuple[str, str], str] = {}
+
+
+class KernelHang(RuntimeError):
+    """A Pallas kernel did not finish in interpret mode within ``HANG_TIMEOUT_S``."""
+
+
+def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
+    """Call ``fn``; for a Pallas kernel on CPU, under a watchdog that stops a hung kernel."""
+    if not (case.implementation.pallas and case.platform == "cpu"):
+        return fn(*args)
+    key = (case.family, case.impl)
+    if key in HUNG:
+        raise KernelHang(f"not run: {case.impl} already hung in this session ({HUNG[key]})")
+    fired = threading.Event()
+
+    def stop() -> None:
+        fired.set()
+        compat.abort_interpreted_kernel(f"{case.impl} exceeded {HANG_TIMEOUT_S:g}s (watchdog)")
+
+    timer = threading.Timer(HANG_TIMEOUT_S, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        out = fn(*args)
+        jax.block_until_ready(out)
+    except Exception:
+        if not fired.is_set():
+            compat.reset_interpret_state()  # a failed kernel leaves interpreter state behind
+            raise
+    finally:
+        timer.cancel()
+    if fired.is_set():
+        compat.reset_interpret_state()
+        where = f"{case.mesh.label}, dma_mode={case.dma_mode}"
+        HUNG[key] = f"first hang on {where}"
+        raise KernelHang(
+            f"{case.impl} did not finish within {HANG_TIMEOUT_S:g}s in TPU interpret mode on "
+            f"{where}: a semaphore or DMA wait that nothing signals (the watchdog stopped it "
+            "and reset the interpreter)"
+        )
+    return out
+
+
+def execute(case: Case, *, detect_races: bool = False) -> tuple[tuple[np.ndarray, ...], jax.Array]:
     """Run ``case`` once on fresh inputs; returns (float64 inputs, output)."""
     inputs = make_inputs(case)
-    out = compiled(case)(*place(case, inputs))
+    out = _run_guarded(case, compiled(case, detect_races=detect_races), place(case, inputs))
     return tuple(a.astype(np.float64) for a in inputs), out
 
 
