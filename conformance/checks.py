@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from conformance import hlo, runner
+from conformance import compat, hlo, pallas_protocol, runner
 from conformance.runner import Case
 
 
@@ -45,6 +45,14 @@ def _slice_text(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
+def error_text(error: BaseException, head: int = 4, tail: int = 16) -> str:
+    """An exception's message, long tracebacks cut to their first and last lines (the cause)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    if len(lines) > head + tail:
+        lines = [*lines[:head], f"... ({len(lines) - head - tail} lines omitted) ...", *lines[-tail:]]
+    return f"{type(error).__name__}: " + "\n    ".join(lines)
+
+
 def _call(case: Case, check: str, thunk: Callable[[], object]) -> object:
     """Run the implementation; an exception on valid input is a conformance failure."""
     try:
@@ -52,7 +60,7 @@ def _call(case: Case, check: str, thunk: Callable[[], object]) -> object:
     except ConformanceFailure:
         raise
     except Exception as e:  # the kernel's own error, re-raised with the case attached
-        raise fail(case, check, f"raised {type(e).__name__} on valid input", [str(e)[:2000]]) from e
+        raise fail(case, check, f"raised {type(e).__name__} on valid input", [error_text(e)]) from e
 
 
 def _run(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarray, ...], jax.Array]:
@@ -186,6 +194,11 @@ class ByteRecord:
 BYTE_RECORDS: list[ByteRecord] = []
 
 
+def allowed_collectives(case: Case) -> frozenset[str]:
+    """A Pallas kernel moves data by DMA inside the kernel: no collective may surround it."""
+    return frozenset() if case.implementation.pallas else case.spec.allowed_collectives
+
+
 def compiled_collectives(case: Case) -> hlo.CollectiveSummary:
     text = _call(case, "collectives", lambda: runner.compiled(case).as_text())
     return hlo.parse_hlo(text)
@@ -195,7 +208,9 @@ def check_collectives(case: Case) -> ByteRecord:
     """Compiled HLO uses only the family's collectives and stays within its byte bound.
 
     The baseline (XLA's own op) is exempt from both rules; its bytes are still
-    recorded so the report can compare.
+    recorded so the report can compare. A Pallas kernel's transfers are DMAs
+    inside the kernel, invisible to HLO: what is audited is that its module holds
+    no collective at all around the kernel call.
     """
     spec, impl = case.spec, case.implementation
     summary = compiled_collectives(case)
@@ -204,17 +219,22 @@ def check_collectives(case: Case) -> ByteRecord:
     record = ByteRecord(case.family, case.impl, case.mesh.label, case.dtype, received,
                         spec.min_received_bytes(case.dims_map, n, itemsize),
                         tuple(op.describe() for op in summary.ops))  # fmt: skip
-    BYTE_RECORDS.append(record)
+    if not impl.pallas:
+        BYTE_RECORDS.append(record)
     if impl.baseline:
         return record
     ops = [f"  {op.describe()}" for op in summary.ops] or ["  (none)"]
-    bad = hlo.disallowed(summary, spec.allowed_collectives)
+    allowed = allowed_collectives(case)
+    bad = hlo.disallowed(summary, allowed)
     if bad:
+        allowed_text = ", ".join(sorted(allowed)) or "none (a Pallas kernel moves data by DMA)"
         raise fail(case, "collectives", "compiled HLO uses collectives the family forbids", [
-            f"allowed        : {', '.join(sorted(spec.allowed_collectives))}",
+            f"allowed        : {allowed_text}",
             f"forbidden      : {', '.join(sorted({op.kind for op in bad}))}",
             "collectives in the compiled module:", *ops,
         ])  # fmt: skip
+    if impl.pallas:
+        return record
     bound = spec.max_received_bytes(case.dims_map, n, itemsize)
     if received is None or received > bound:
         got = "unbounded (a collective runs in a loop of unknown trip count)" if received is None \
@@ -227,26 +247,48 @@ def check_collectives(case: Case) -> ByteRecord:
     return record
 
 
-#: Backends every implementation must lower for from the CPU host.
-LOWERING_TARGETS = ("tpu", "cuda")
+def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> None:
+    """It lowers for each of its targets from the CPU host, using only allowed collectives there.
 
-
-def check_cross_lowering(case: Case, targets: Sequence[str] = LOWERING_TARGETS) -> None:
-    """The implementation lowers for each target, using only the family's collectives there."""
-    spec, impl = case.spec, case.implementation
+    Targets come from the registration: TPU and CUDA by default, TPU alone for a
+    Pallas TPU kernel (lowered as the real kernel, not the interpreter).
+    """
+    impl = case.implementation
     problems = []
-    for target in targets:
+    for target in targets or impl.lowering_targets:
         try:
             text = runner.lowered_for(case, target).as_text()
         except Exception as e:
             problems.append(f"{target}: lowering raised {type(e).__name__}: {str(e)[:1500]}")
             continue
-        bad = () if impl.baseline else hlo.disallowed(hlo.parse_stablehlo(text), spec.allowed_collectives)
+        bad = () if impl.baseline else hlo.disallowed(hlo.parse_stablehlo(text), allowed_collectives(case))
         if bad:
             problems.append(f"{target}: lowered module uses forbidden collectives: "
                             + "; ".join(op.describe() for op in bad))  # fmt: skip
     if problems:
         raise fail(case, "cross_lowering", "does not lower cleanly for every target", problems)
+
+
+def check_races(case: Case) -> None:
+    """Under TPU interpret mode with race detection, no race is reported and values are exact.
+
+    Run once per DMA execution mode: "eager" starts every DMA at once, "on_wait"
+    defers each until something waits on it, as late and out of order as the
+    waits allow. A kernel whose semaphores can be satisfied by the wrong
+    transfer passes the first and fails the second.
+    """
+    if not case.implementation.pallas or not case.dma_mode:
+        raise ValueError(f"check_races needs a Pallas implementation and a dma_mode: {case}")
+    compat.reset_interpret_state()
+    inputs64, out = _call(case, "races", lambda: runner.execute(case, detect_races=True))
+    if compat.races_found():
+        raise fail(case, "races", "TPU interpret mode detected a race", [
+            f"kernel {case.impl} on {case.mesh.describe()}, dma_execution_mode={case.dma_mode!r}",
+            "the interpreter printed the racing accesses (buffer, range, device, source line) "
+            "to stderr above",
+        ])  # fmt: skip
+    spec = case.spec
+    _compare_shards(case, "races", out, spec.reference(*inputs64), spec.tolerance(*inputs64, case.dtype))
 
 
 def check_bad_inputs(case: Case) -> None:
@@ -276,6 +318,25 @@ def check_bad_inputs(case: Case) -> None:
         raise fail(case, "bad_inputs", "forbidden input is not rejected with a clear error", problems)
 
 
+def check_barrier_protocol(case: Case) -> None:
+    """No remote DMA starts before the kernel has waited on its barrier semaphore.
+
+    Static (read off the traced kernel): TPU interpret mode starts all devices'
+    kernels together, so no run on CPU can show this defect.
+    """
+    fn = runner.jitted_for(case)
+    found = _call(
+        case, "barrier_protocol", lambda: pallas_protocol.violations(fn, runner.abstract_args(case))
+    )
+    if found:
+        raise fail(case, "barrier_protocol", found[0].rule, [
+            f"at {found[0].where}",
+            "signal both neighbours' barrier semaphore and wait for their signals before the "
+            "first remote DMA (pltpu.get_barrier_semaphore, pl.semaphore_signal/semaphore_wait, "
+            "CompilerParams(collective_id=...))",
+        ])  # fmt: skip
+
+
 #: Name -> check, for the replay command.
 CHECKS: dict[str, Callable[[Case], object]] = {
     "values": check_values,
@@ -285,4 +346,6 @@ CHECKS: dict[str, Callable[[Case], object]] = {
     "collectives": check_collectives,
     "cross_lowering": check_cross_lowering,
     "bad_inputs": check_bad_inputs,
+    "races": check_races,
+    "barrier_protocol": check_barrier_protocol,
 }

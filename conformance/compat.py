@@ -41,6 +41,17 @@ def make_mesh(
     return jax.make_mesh(tuple(shape), tuple(axis_names), axis_types=axis_types, devices=devices)
 
 
+def all_gather_invariant(x: Any, axis_name: str, *, axis: int = 0, tiled: bool = False) -> Any:
+    """An all-gather whose result is typed invariant over ``axis_name`` (so ``out_specs=P()`` checks).
+
+    Spelled ``lax.all_gather(..., to="invarying")`` in new JAX and
+    ``lax.all_gather_invariant`` in 0.6.
+    """
+    if hasattr(jax.lax, "all_gather_invariant"):
+        return jax.lax.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
+    return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled, to="invarying")
+
+
 def lower_for_platform(jitted: Any, args: Sequence[Any], platform: str) -> Any:
     """Lower a jitted function for another backend than the host's (no compile)."""
     return jitted.trace(*args).lower(lowering_platforms=(platform,))
@@ -71,10 +82,19 @@ def races_found() -> bool:
     return bool(races is not None and races.races_found)
 
 
-def reset_interpret_state() -> None:
-    """Drop interpret mode's simulated memory, semaphores and race state (after a failure)."""
+def reset_interpret_state(*, after_failure: bool = False) -> None:
+    """Drop interpret mode's simulated memory, semaphores and race state.
+
+    ``after_failure``: also drop JAX's ordered-effect runtime tokens. Interpret
+    mode runs the kernel through ordered io_callbacks, and each computation
+    takes the previous one's token as input; a failed (or stopped) kernel
+    leaves an error-valued token that every later kernel would inherit.
+    """
+    from jax._src import dispatch
     from jax.experimental.pallas import tpu as pltpu
 
+    if after_failure:
+        dispatch.runtime_tokens.clear()
     if hasattr(pltpu, "reset_tpu_interpret_mode_state"):
         pltpu.reset_tpu_interpret_mode_state()
         return

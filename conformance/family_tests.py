@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import checks, specs, strategies
+from conformance import checks, registry, specs, strategies
 from conformance.runner import Case
 from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
@@ -45,8 +45,25 @@ def run(check, case: Case) -> None:
     pytest.fail(message, pytrace=False)  # outside the except: no chained duplicate
 
 
-def canonical_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype: str = "float32") -> Case:
-    return Case.make(family, impl, mesh, specs.get(family).canonical_dims, dtype, platform=platform)
+def pallas_only(fn):
+    """Decorator: parametrize ``implementation`` over Pallas implementations only."""
+    fn.pallas_only = True
+    return fn
+
+
+def canonical_case(
+    family: str,
+    impl: str,
+    platform: str,
+    mesh: MeshConfig,
+    dtype: str = "float32",
+    dma_mode: str | None = None,
+) -> Case:
+    """The family's fixed dims; a Pallas kernel on CPU runs in the adversarial "on_wait" DMA mode."""
+    if dma_mode is None and platform == "cpu" and registry.get(family, impl).pallas:
+        dma_mode = "on_wait"
+    dims = specs.get(family).canonical_dims
+    return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
 
 
 @given(data=st.data())
@@ -83,6 +100,22 @@ def test_cross_lowering(family: str, implementation: str, platform: str, mesh_co
 @meshes(REPRESENTATIVE_MESHES)
 def test_bad_inputs(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
     run(checks.check_bad_inputs, canonical_case(family, implementation, platform, mesh_config))
+
+
+@pytest.mark.cpu
+@pallas_only
+@meshes(MESH_CONFIGS)
+def test_races(family: str, implementation: str, mesh_config: MeshConfig, dma_mode: str) -> None:
+    """Pallas kernels under TPU interpret mode with race detection, in both DMA modes."""
+    run(checks.check_races, canonical_case(family, implementation, "cpu", mesh_config, dma_mode=dma_mode))
+
+
+@pytest.mark.cpu
+@pallas_only
+@meshes(REPRESENTATIVE_MESHES)
+def test_barrier_protocol(family: str, implementation: str, mesh_config: MeshConfig) -> None:
+    """Pallas kernels: no remote DMA before the barrier (static; interpret mode cannot see it)."""
+    run(checks.check_barrier_protocol, canonical_case(family, implementation, "cpu", mesh_config))
 
 
 __all__ = [name for name in dir() if name.startswith("test_")]

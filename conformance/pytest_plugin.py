@@ -24,7 +24,7 @@ from collections import defaultdict
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from conformance import compat, registry, specs
+from conformance import compat, registry, runner, specs
 from fixtures import devices as devices_lib
 from fixtures import meshes
 
@@ -51,6 +51,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "collective-kernel conformance")
     group.addoption("--kernels", action="append", default=[], metavar="MODULE[,MODULE...]",
                     help="import these modules so their conformance.register calls join the run")  # fmt: skip
+    group.addoption("--hang-timeout", type=float, default=runner.HANG_TIMEOUT_S, metavar="SECONDS",
+                    help="stop a Pallas kernel running longer than this in interpret mode")  # fmt: skip
     group.addoption("--impl", default=None, metavar="GLOB[,GLOB...]",
                     help="run only implementations whose names match one of these globs")  # fmt: skip
 
@@ -61,6 +63,7 @@ def kernel_modules(config: pytest.Config) -> list[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     compat.configure_cpu_devices(devices_lib.CPU_DEVICE_COUNT)
+    runner.HANG_TIMEOUT_S = config.getoption("hang_timeout")
     if not config.getoption("hypothesis_profile", None):
         settings.load_profile("conformance-ci")
     for module in ["kernels", *kernel_modules(config)]:
@@ -84,10 +87,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "implementation" in names:
         family = metafunc.module.FAMILY
         impls = registry.registered(family, metafunc.config.getoption("impl"))
+        if getattr(metafunc.function, "pallas_only", False):
+            impls = [i for i in impls if i.pallas]
         metafunc.parametrize("implementation", [i.name for i in impls])
     if "mesh_config" in names:
         configs = getattr(metafunc.function, "mesh_configs", meshes.MESH_CONFIGS)
         metafunc.parametrize("mesh_config", configs, ids=[c.label for c in configs])
+    if "dma_mode" in names:
+        metafunc.parametrize("dma_mode", runner.DMA_MODES)
     if "dtype" in names:
         dtypes = specs.get(metafunc.module.FAMILY).dtypes
         metafunc.parametrize("dtype", dtypes)
@@ -96,6 +103,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "platform",
             [pytest.param(p, marks=getattr(pytest.mark, p)) for p in devices_lib.PLATFORMS],
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect (not skip) tests with nothing to run, e.g. Pallas checks of a family with no Pallas kernel."""
+
+    def has_no_implementation(item: pytest.Item) -> bool:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        return "implementation" in params and not isinstance(params["implementation"], str)
+
+    empty = [i for i in items if has_no_implementation(i)]  # pytest's NOTSET placeholder
+    if empty:
+        config.hook.pytest_deselected(items=empty)
+        items[:] = [i for i in items if i not in empty]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

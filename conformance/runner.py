@@ -210,7 +210,7 @@ def jitted_for(case: Case, *, axis_name: str | None = None, detect_races: bool =
     return jitted(case.family, case.impl, case.mesh, case.platform, axis, case.dma_mode, detect_races)
 
 
-def _abstract_args(case: Case) -> tuple[jax.ShapeDtypeStruct, ...]:
+def abstract_args(case: Case) -> tuple[jax.ShapeDtypeStruct, ...]:
     dt = jnp.dtype(case.dtype)
     return tuple(
         jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
@@ -224,7 +224,7 @@ def _compile_key(case: Case) -> Case:
 
 @functools.cache
 def _compiled(key: Case, detect_races: bool) -> Any:
-    return jitted_for(key, detect_races=detect_races).lower(*_abstract_args(key)).compile()
+    return jitted_for(key, detect_races=detect_races).lower(*abstract_args(key)).compile()
 
 
 def compiled(case: Case, *, detect_races: bool = False) -> Any:
@@ -239,7 +239,7 @@ def lowered_for(case: Case, target: str) -> Any:
     """
     fn = jax.jit(functools.partial(case.implementation.fn, mesh=mesh_of(case),
                                    axis_name=case.mesh.axis_name))  # fmt: skip
-    return compat.lower_for_platform(fn, _abstract_args(case), target)
+    return compat.lower_for_platform(fn, abstract_args(case), target)
 
 
 #: Seconds a Pallas kernel may run in interpret mode before the watchdog stops it.
@@ -259,7 +259,9 @@ def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
         return fn(*args)
     key = (case.family, case.impl)
     if key in HUNG:
-        raise KernelHang(f"not run: {case.impl} already hung in this session ({HUNG[key]})")
+        raise KernelHang(f"not run again: {HUNG[key]}")
+    # Isolation: a DMA an earlier kernel left in flight must not land in this run.
+    compat.reset_interpret_state()
     fired = threading.Event()
 
     def stop() -> None:
@@ -274,19 +276,19 @@ def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
         jax.block_until_ready(out)
     except Exception:
         if not fired.is_set():
-            compat.reset_interpret_state()  # a failed kernel leaves interpreter state behind
+            compat.reset_interpret_state(after_failure=True)  # else later kernels inherit the failure
             raise
     finally:
         timer.cancel()
     if fired.is_set():
-        compat.reset_interpret_state()
+        compat.reset_interpret_state(after_failure=True)
         where = f"{case.mesh.label}, dma_mode={case.dma_mode}"
-        HUNG[key] = f"first hang on {where}"
-        raise KernelHang(
+        HUNG[key] = (
             f"{case.impl} did not finish within {HANG_TIMEOUT_S:g}s in TPU interpret mode on "
             f"{where}: a semaphore or DMA wait that nothing signals (the watchdog stopped it "
             "and reset the interpreter)"
         )
+        raise KernelHang(HUNG[key])
     return out
 
 

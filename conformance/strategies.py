@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import strategies as st
 
-from conformance import specs
-from conformance.runner import Case
+from conformance import registry, specs
+from conformance.runner import DMA_MODES, Case
 from fixtures.devices import devices_of
 from fixtures.meshes import MESH_CONFIGS, MeshConfig
 
@@ -22,6 +22,8 @@ DIM_VALUES: dict[str, tuple[int, ...]] = {
     "rows_per_shard": (1, 2, 3, 5, 8),
     "cols_per_shard": (1, 2, 3, 8),
     "K": (1, 3, 8, 16, 32),
+    #: Trailing width: lane-dense (128, 256) as TPU layouts prefer, and narrow/odd ones.
+    "cols": (1, 8, 128, 256),
 }
 
 
@@ -50,4 +52,7 @@ def draw_case(data: st.DataObject, family: str, impl: str, platform: str) -> Cas
     dtype = data.draw(dtypes(family), label="dtype")
     drawn = data.draw(dims(family), label="dims")
     seed = data.draw(st.integers(0, 2**16), label="seed")
-    return Case.make(family, impl, mesh, drawn, dtype, platform=platform, seed=seed)
+    dma_mode = None
+    if registry.get(family, impl).pallas and platform == "cpu":
+        dma_mode = data.draw(st.sampled_from(DMA_MODES), label="dma_mode")
+    return Case.make(family, impl, mesh, drawn, dtype, platform=platform, seed=seed, dma_mode=dma_mode)

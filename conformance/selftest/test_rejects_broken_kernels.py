@@ -19,17 +19,28 @@ from pathlib import Path
 
 import pytest
 
-from conformance.selftest.broken_kernels import EXPECTED_REJECTION
+from conformance.selftest import broken_kernels, broken_pallas_kernels
 
 pytestmark = pytest.mark.selftest
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKEN_MODULE = "conformance.selftest.broken_kernels"
-BUILTINS = (
-    "xla_allgather_matmul",
-    "ring_allgather_matmul_unidirectional",
-    "ring_allgather_matmul_bidirectional",
-)
+BROKEN_MODULES = "conformance.selftest.broken_kernels,conformance.selftest.broken_pallas_kernels"
+EXPECTED_REJECTION = {**broken_kernels.EXPECTED_REJECTION, **broken_pallas_kernels.EXPECTED_REJECTION}
+EXPECTED_MESSAGE = broken_pallas_kernels.EXPECTED_MESSAGE
+STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_determinism",
+                  "test_collectives", "test_cross_lowering", "test_bad_inputs"}  # fmt: skip
+PALLAS_TESTS = STANDARD_TESTS | {"test_races", "test_barrier_protocol"}
+#: built-in -> the tests it must have run (and passed)
+BUILTINS = {
+    "xla_allgather_matmul": STANDARD_TESTS,
+    "ring_allgather_matmul_unidirectional": STANDARD_TESTS,
+    "ring_allgather_matmul_bidirectional": STANDARD_TESTS,
+    "xla_all_gather": STANDARD_TESTS,
+    "pallas_ring_all_gather_unidirectional": PALLAS_TESTS,
+    "pallas_ring_all_gather_bidirectional": PALLAS_TESTS,
+}
+#: a short watchdog: the hanging kernel costs this once
+HANG_TIMEOUT_S = 5
 _ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w-]+?)-(?P<rest>.*)\]$")
 
 
@@ -37,8 +48,12 @@ _ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w-]+?)-(?P<rest>.*)\]$")
 def suite_verdicts(tmp_dir: str) -> dict[str, dict[str, list[tuple[str, str]]]]:
     """{impl: {test: [(outcome, message), ...]}} from one run of the conformance suite."""
     report = Path(tmp_dir) / "conformance.xml"
+    # Built-ins run every check; each broken kernel runs only the check meant for it.
+    targeted = " or ".join(f"({impl} and {test})" for impl, test in EXPECTED_REJECTION.items())
     cmd = [sys.executable, "-m", "pytest", "conformance", "-m", "cpu", "-q", "-p", "no:cacheprovider",
-           f"--kernels={BROKEN_MODULE}", f"--junitxml={report}"]  # fmt: skip
+           "-k", f"not broken_ or {targeted}",
+           f"--kernels={BROKEN_MODULES}", f"--hang-timeout={HANG_TIMEOUT_S}",
+           f"--junitxml={report}"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 1, (
         f"the run with broken kernels must exit 1 (tests failed), got {proc.returncode}:\n"
@@ -69,15 +84,15 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory):
     return suite_verdicts(str(tmp_path_factory.mktemp("suite")))
 
 
-@pytest.mark.parametrize("impl", BUILTINS)
+@pytest.mark.parametrize("impl", sorted(BUILTINS))
 def test_builtin_passes_every_check(verdicts, impl: str) -> None:
     tests = verdicts[impl]
     assert tests, f"{impl} was not run at all"
     for test, outcomes in tests.items():
         bad = [o for o in outcomes if o[0] != "passed"]
         assert not bad, f"{impl} {test}: {bad[0][0]}: {bad[0][1][:2000]}"
-    assert {"test_values", "test_output_sharding", "test_dtype", "test_determinism",
-            "test_collectives", "test_cross_lowering", "test_bad_inputs"} <= set(tests)  # fmt: skip
+    missing = BUILTINS[impl] - set(tests)
+    assert not missing, f"{impl} did not run {sorted(missing)}"
 
 
 @pytest.mark.parametrize("impl", sorted(EXPECTED_REJECTION))
@@ -88,9 +103,11 @@ def test_broken_kernel_rejected_by_its_check(verdicts, impl: str) -> None:
     assert failures, f"{impl} should fail {check}, but its outcomes were {[o for o, _ in outcomes]}"
     message = failures[0]
     check_name = check.removeprefix("test_")
-    for needed in (f"[{check_name}]", impl, "allgather_matmul", "mesh(", "dtype", "shapes",
+    for needed in (f"[{check_name}]", impl, "mesh(", "dtype", "shapes",
                    "replay         : python -m conformance replay"):  # fmt: skip
         assert needed in message, f"{impl}'s {check} failure message lacks {needed!r}:\n{message}"
+    if impl in EXPECTED_MESSAGE:
+        assert EXPECTED_MESSAGE[impl] in message, f"{impl}: expected {EXPECTED_MESSAGE[impl]!r}:\n{message}"
 
 
 def test_replay_command_reproduces_a_failure(verdicts) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from conformance.specs.all_gather import ALL_GATHER
 from conformance.specs.allgather_matmul import ALLGATHER_MATMUL
 from conformance.specs.base import BadInput, FamilySpec, Operand
 
-FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (ALLGATHER_MATMUL,)}
+FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (ALL_GATHER, ALLGATHER_MATMUL)}
 
 
 def get(family: str) -> FamilySpec:

@@ -1,0 +1,127 @@
+"""Pallas ring all-gathers broken in one way each; the suite must reject every one.
+
+One deliberately plain bidirectional ring with a knob per defect (the
+production kernel, ``kernels/all_gather/pallas_ring.py``, carries no such
+knobs). ``EXPECTED_REJECTION`` names the check meant to catch each, and
+``EXPECTED_MESSAGE`` what its failure must say.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
+
+import conformance
+
+EXPECTED_REJECTION: dict[str, str] = {
+    "broken_pallas_seed_shared_semaphores": "test_races",
+    "broken_pallas_drops_last_row_of_odd_shards": "test_values",
+    "broken_pallas_skips_final_dma_wait": "test_races",
+    "broken_pallas_no_barrier": "test_barrier_protocol",
+    "broken_pallas_waits_for_missing_signal": "test_values",
+}
+EXPECTED_MESSAGE: dict[str, str] = {
+    "broken_pallas_waits_for_missing_signal": "did not finish within",
+}
+
+
+def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axes, shared_semaphores,
+            floor_halves, final_wait, barrier, barrier_expect):  # fmt: skip
+    n, me, rows = lax.axis_size(axis_name), lax.axis_index(axis_name), x_ref.shape[0]
+
+    def at(i):
+        return tuple(i if a == axis_name else lax.axis_index(a) for a in mesh_axes)
+
+    right, left = at(lax.rem(me + 1, n)), at(lax.rem(me + n - 1, n))
+    own = pltpu.make_async_copy(x_ref, o_ref.at[me], copy_sem)
+    own.start()
+    own.wait()
+    if barrier:
+        sem = pltpu.get_barrier_semaphore()
+        for peer in (left, right):
+            pl.semaphore_signal(sem, 1, device_id=peer, device_id_type=pl.DeviceIdType.MESH)
+        pl.semaphore_wait(sem, barrier_expect)
+    top = rows // 2 if floor_halves else (rows + 1) // 2
+    bottom = rows // 2 if floor_halves else rows - top
+    halves = [
+        (0, top, right, lambda s: lax.rem(me - s + n, n)),
+        (top, bottom, left, lambda s: lax.rem(me + s, n)),
+    ]
+    last = [None, None]
+    for step in range(n - 1):
+        for d, (first, count, peer, slot) in enumerate(halves):
+            if not count:
+                continue
+            if last[d] is not None:
+                last[d].wait_recv()
+                last[d].wait_send()
+            k = 0 if shared_semaphores else step  # the seed reuses one semaphore per direction
+            window = o_ref.at[slot(step), pl.ds(first, count)]
+            last[d] = pltpu.make_async_remote_copy(
+                window, window, send_sems.at[d, k], recv_sems.at[d, k],
+                device_id=peer, device_id_type=pl.DeviceIdType.MESH,
+            )  # fmt: skip
+            last[d].start()
+    if final_wait:
+        for dma in last:
+            if dma is not None:
+                dma.wait_recv()
+                dma.wait_send()
+
+
+def _broken_ring(x, *, mesh, axis_name, interpret=False, **knobs):
+    n = mesh.shape[axis_name]
+    kernel = functools.partial(_kernel, axis_name=axis_name, mesh_axes=tuple(mesh.axis_names), **knobs)
+
+    def per_device(shard):
+        out = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((n, *shard.shape), shard.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[
+                pltpu.SemaphoreType.DMA((2, n - 1)),
+                pltpu.SemaphoreType.DMA((2, n - 1)),
+                pltpu.SemaphoreType.DMA,
+            ],
+            # Mosaic refuses a collective_id without a barrier, so the no-barrier kernel drops it.
+            compiler_params=pltpu.CompilerParams(collective_id=0 if knobs["barrier"] else None),
+            interpret=interpret,
+        )(shard)
+        return out.reshape(n * shard.shape[0], *shard.shape[1:])
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=P(axis_name), out_specs=P(), check_vma=False)(x)
+
+
+_CORRECT = dict(shared_semaphores=False, floor_halves=False, final_wait=True, barrier=True, barrier_expect=2)
+
+
+def _register(name: str, doc: str, **defect) -> None:
+    def fn(x, *, mesh, axis_name, interpret=False):
+        return _broken_ring(x, mesh=mesh, axis_name=axis_name, interpret=interpret, **{**_CORRECT, **defect})
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    conformance.register("all_gather", name=name, pallas=True, description=doc)(fn)
+
+
+_register("broken_pallas_seed_shared_semaphores",
+          "the seed kernel: one DMA semaphore per direction for every step, halves of m // 2",
+          shared_semaphores=True, floor_halves=True)  # fmt: skip
+_register("broken_pallas_drops_last_row_of_odd_shards",
+          "halves of m // 2 rows each way: an odd shard's last row is never sent",
+          floor_halves=True)  # fmt: skip
+_register("broken_pallas_skips_final_dma_wait",
+          "returns without waiting for the last step's DMAs",
+          final_wait=False)  # fmt: skip
+_register("broken_pallas_no_barrier",
+          "starts remote DMAs without the barrier: a neighbour may not be in the kernel yet",
+          barrier=False)  # fmt: skip
+_register("broken_pallas_waits_for_missing_signal",
+          "waits for three barrier signals when only two neighbours send one",
+          barrier_expect=3)  # fmt: skip

@@ -1,0 +1,66 @@
+"""Family ``all_gather``: gather row shards so every device holds the whole array.
+
+``fn(x, *, mesh, axis_name)``: ``x`` is a global ``[rows, cols]`` array sharded
+along dim 0 over ``axis_name`` (``P(axis_name)``); the result holds the same
+values, replicated over ``axis_name``. On a 2-D mesh the other axis is
+replicated on input and output, so the result's spec is ``P()``.
+
+Pure data movement: the result must be bitwise equal to the input. Each device
+must receive the ``n - 1`` shards it does not hold, ``(n-1)/n`` of ``x``, which
+is both the lower bound and the allowed maximum. XLA-level implementations may
+move data by all-gather or collective-permute; a Pallas kernel moves it with
+remote DMAs inside the kernel, so its compiled module may hold no collective at
+all around the kernel call.
+"""
+
+from __future__ import annotations
+
+from jax.sharding import PartitionSpec as P
+
+from conformance import tolerances
+from conformance.specs.base import BadInput, Dims, FamilySpec, Operand
+
+
+def _x_shape(d: Dims, n: int) -> tuple[int, int]:
+    return (d["rows_per_shard"] * n, d["cols"])
+
+
+def _shards_not_held(d: Dims, n: int, itemsize: int) -> int:
+    return (n - 1) * d["rows_per_shard"] * d["cols"] * itemsize
+
+
+def _bad_inputs(n: int) -> tuple[BadInput, ...]:
+    rows_bad = 2 * n + 1
+    return (
+        BadInput(
+            f"{rows_bad} rows not divisible by the axis size {n}",
+            ((rows_bad, 128),),
+            None,
+            (str(rows_bad), str(n)),
+        ),
+        BadInput(
+            "axis_name 'nonexistent_axis' is not a mesh axis",
+            ((n, 128),),
+            "nonexistent_axis",
+            ("nonexistent_axis",),
+        ),
+    )
+
+
+ALL_GATHER = FamilySpec(
+    name="all_gather",
+    summary="x[rows,cols] P(axis) -> the same values replicated, P()",
+    operands=(Operand("x", lambda a: P(a), _x_shape),),
+    out_spec=lambda a: P(),
+    out_shape=_x_shape,
+    dims=("rows_per_shard", "cols"),
+    canonical_dims={"rows_per_shard": 3, "cols": 128},
+    dtypes=("float32", "bfloat16", "int32", "int8"),
+    reference=lambda x: x,
+    tolerance=lambda x, dtype: tolerances.data_movement_tolerance(x.shape),
+    allowed_collectives=frozenset({"all-gather", "collective-permute"}),
+    max_received_bytes=_shards_not_held,
+    min_received_bytes=_shards_not_held,
+    bad_inputs=_bad_inputs,
+    byte_bound_text="each device may receive at most (n-1)/n of x",
+)
