@@ -8,6 +8,7 @@ this module is all the difference there is.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -69,11 +70,10 @@ def interpret_params(*, dma_execution_mode: str, detect_races: bool) -> Any:
 
 def _interpret_module() -> Any:
     """The module holding interpret mode's global state: it moved into a package after 0.6."""
-    try:
-        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as module
+    try:  # by module path: in 0.6 the same name is a function in the parent module
+        return importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
     except ImportError:  # JAX 0.6: a single module
-        from jax._src.pallas.mosaic import interpret as module
-    return module
+        return importlib.import_module("jax._src.pallas.mosaic.interpret")
 
 
 def races_found() -> bool:
