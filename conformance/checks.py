@@ -279,7 +279,6 @@ def check_races(case: Case) -> None:
     """
     if not case.implementation.pallas or not case.dma_mode:
         raise ValueError(f"check_races needs a Pallas implementation and a dma_mode: {case}")
-    compat.reset_interpret_state()
     inputs64, out = _call(case, "races", lambda: runner.execute(case, detect_races=True))
     if compat.races_found():
         raise fail(case, "races", "TPU interpret mode detected a race", [

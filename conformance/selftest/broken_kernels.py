@@ -86,10 +86,7 @@ def broken_output_sharded_over_other_axis(lhs, rhs, *, mesh, axis_name):
         rows = full.shape[0] // lax.axis_size(other)
         return lax.dynamic_slice_in_dim(full, lax.axis_index(other) * rows, rows)
 
-    def matmul(block, rhs_block):
-        return local_matmul(block, rhs_block)
-
-    gathered = _ring(lhs, rhs, mesh=mesh, axis_name=axis_name, matmul=matmul)
+    gathered = _ring(lhs, rhs, mesh=mesh, axis_name=axis_name)
     return jax.shard_map(keep_my_rows, mesh=mesh, in_specs=P(None, axis_name),
                          out_specs=P(other, axis_name))(gathered)  # fmt: skip
 

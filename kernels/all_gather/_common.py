@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import jax
 
+from kernels._validation import axis_size, require_divisible
+
 
 def validate(name: str, x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str) -> int:
     """Raise ``ValueError`` naming the offending values; return the axis size."""
-    if axis_name not in mesh.axis_names:
-        raise ValueError(f"{name}: axis_name {axis_name!r} is not a mesh axis {tuple(mesh.axis_names)}")
-    n = mesh.shape[axis_name]
-    if x.ndim < 1 or x.shape[0] % n:
-        raise ValueError(
-            f"{name}: x has {x.shape[0] if x.ndim else 0} rows, not divisible by the {n} devices "
-            f"of axis {axis_name!r}"
-        )
+    n = axis_size(name, mesh, axis_name)
+    if x.ndim < 1:
+        raise ValueError(f"{name}: x must have a row dimension, got shape {x.shape}")
+    require_divisible(name, "rows of x", x.shape[0], n, axis_name)
     return n

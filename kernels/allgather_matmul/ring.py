@@ -32,6 +32,8 @@ in float32 and are rounded once to the input dtype.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -95,8 +97,6 @@ def _bidirectional_body(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name
 
 
 def _shard_mapped(body, lhs, rhs, mesh, axis_name):
-    import functools
-
     return jax.shard_map(
         functools.partial(body, axis_name=axis_name),
         mesh=mesh,
