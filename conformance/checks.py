@@ -67,10 +67,12 @@ def _run(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarr
     return _call(case, check, lambda: (runner.execute_cached if cached else runner.execute)(case))
 
 
-def _compare_shards(case: Case, check: str, out: jax.Array, expected: np.ndarray, tol: np.ndarray) -> None:
-    """Every addressable shard against its block of ``expected``; reports the first wrong one."""
+def _compare_shards(
+    case: Case, check: str, out: jax.Array, expected: np.ndarray, tol: np.ndarray, *, what: str = "out"
+) -> None:
+    """Every addressable shard of ``what`` against its block of ``expected``; reports the first wrong one."""
     if tuple(out.shape) != tuple(expected.shape):
-        raise fail(case, check, f"output shape {tuple(out.shape)} != expected {expected.shape}")
+        raise fail(case, check, f"{what} shape {tuple(out.shape)} != expected {expected.shape}")
     mesh = runner.mesh_of(case)
     wrong = []
     for shard in sorted(out.addressable_shards, key=lambda s: s.device.id):
@@ -97,14 +99,15 @@ def _compare_shards(case: Case, check: str, out: jax.Array, expected: np.ndarray
         offsets = [s.indices(d)[0] for s, d in zip(shard.index, expected.shape, strict=True)]
         glob = tuple(o + i for o, i in zip(offsets, local, strict=True))
         details.append(
-            f"first wrong index: out{list(glob)} = {float(got[local]):.7g}, "
+            f"first wrong index: {what}{list(glob)} = {float(got[local]):.7g}, "
             f"expected {float(exp[local]):.7g} "
             f"(tolerance {t[local]:.3g}, |error| {abs(got[local] - exp[local]):.3g})"
         )
         details.append(f"wrong elements in that shard: {int(bad.sum())} of {bad.size}")
     details.append(f"wrong shards: {len(wrong)} of {len(out.addressable_shards)} "
                    f"(devices {[s.device.id for s, _, _ in wrong]})")  # fmt: skip
-    raise fail(case, check, "values differ from the numpy float64 reference", details)
+    subject = "values" if what == "out" else f"gradient {what}"
+    raise fail(case, check, f"{subject} differ from the numpy float64 reference", details)
 
 
 def check_values(case: Case) -> None:
@@ -336,6 +339,219 @@ def check_barrier_protocol(case: Case) -> None:
         ])  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- autodiff
+
+
+def check_gradients(case: Case) -> None:
+    """``jax.vjp`` with a random cotangent against numpy float64 gradients (the transpose math).
+
+    Each gradient must also come back with its operand's sharding and dtype.
+    """
+    spec = case.spec
+    if spec.vjp_reference is None or spec.vjp_tolerance is None:
+        raise ValueError(f"family {case.family} defines no gradients")
+    inputs64, ct64, grads = _call(case, "gradients", lambda: runner.execute_pullback(case))
+    expected = spec.vjp_reference(*inputs64, ct64)
+    tolerance = spec.vjp_tolerance(*inputs64, ct64, case.dtype)
+    want_dtype = runner.np_dtype(case.dtype)
+    if len(grads) != len(spec.operands):
+        raise fail(
+            case, "gradients", f"the VJP returned {len(grads)} gradients for {len(spec.operands)} operands"
+        )
+    for operand, grad, sharding, exp, tol in zip(spec.operands, grads, runner.operand_shardings(case),
+                                                 expected, tolerance, strict=True):  # fmt: skip
+        name = f"d_{operand.name}"
+        if np.dtype(grad.dtype) != want_dtype:
+            raise fail(case, "gradients", f"gradient {name} has dtype {grad.dtype}, operand has {want_dtype}")
+        if not grad.sharding.is_equivalent_to(sharding, grad.ndim):
+            got_spec = getattr(grad.sharding, "spec", grad.sharding)
+            raise fail(case, "gradients", f"gradient {name} is not sharded like {operand.name}", [
+                f"expected       : {sharding.spec}", f"got            : {got_spec}",
+            ])  # fmt: skip
+        _compare_shards(case, "gradients", grad, exp, tol, what=name)
+
+
+#: The usual cause of an unneeded all-reduce in a backward pass, for the failure message.
+DEFENSIVE_ALL_REDUCE_HINT = (
+    "an all-reduce here is typically the defensive psum shard_map adds in the backward of an output "
+    "it cannot prove replicated (check_vma=False, or a pallas_call whose varying axes are undeclared): "
+    "declare them (README: 'Backward passes without defensive all-reduces')"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardAudit:
+    """What a pullback's modules hold: the compiled host module and each cross-lowered one."""
+
+    compiled: hlo.CollectiveSummary
+    lowered: dict[str, hlo.CollectiveSummary]
+
+    def forbidden(self, allowed: frozenset[str]) -> list[str]:
+        """One line per module that uses a collective outside ``allowed``."""
+        lines = []
+        for where, summary in [("compiled for the host (cpu)", self.compiled),
+                               *((f"lowered for {t}", s) for t, s in self.lowered.items())]:  # fmt: skip
+            bad = hlo.disallowed(summary, allowed)
+            if bad:
+                lines.append(f"{where}: " + "; ".join(op.describe() for op in bad))
+        return lines
+
+
+def audit_backward(
+    fn: Callable[..., object],
+    args: Sequence[jax.ShapeDtypeStruct],
+    cotangent: jax.ShapeDtypeStruct,
+    *,
+    host_fn: Callable[..., object] | None = None,
+    targets: Sequence[str] = ("tpu", "cuda"),
+) -> BackwardAudit:
+    """The collectives in ``fn``'s VJP, compiled for this host and lowered for each of ``targets``.
+
+    ``host_fn`` is what runs on this host if it differs from what the targets
+    see (a Pallas kernel in interpret mode). Usable on any function, not only
+    registered kernels: the suite's seed-issue test calls it directly.
+    """
+    abstract = (*args, cotangent)
+    compiled = runner.pullback_of(host_fn or fn).lower(*abstract).compile()
+    lowered = {
+        t: hlo.parse_stablehlo(compat.lower_for_platform(runner.pullback_of(fn), abstract, t).as_text())
+        for t in targets
+    }
+    return BackwardAudit(hlo.parse_hlo(compiled.as_text()), lowered)
+
+
+#: Filled by :func:`check_backward_collectives`, printed by the plugin next to the forward bytes.
+BACKWARD_BYTE_RECORDS: list[ByteRecord] = []
+
+
+def check_backward_collectives(case: Case) -> ByteRecord:
+    """The VJP uses only the collectives the family's gradient math needs, on every target.
+
+    Audited twice: the module compiled for this host (with byte accounting) and
+    the modules lowered for the implementation's targets, because a collective
+    one backend's compiler removes can survive in another's (XLA CPU drops the
+    defensive all-reduce that the TPU lowering keeps).
+    """
+    spec, impl = case.spec, case.implementation
+    if spec.backward_max_received_bytes is None:
+        raise ValueError(f"family {case.family} defines no backward byte bound")
+    summary = hlo.parse_hlo(
+        _call(case, "backward_collectives", lambda: runner.compiled_pullback(case).as_text())
+    )
+    lowered = {}
+    for target in impl.lowering_targets:
+        text = _call(
+            case, "backward_collectives", lambda t=target: runner.lowered_pullback_for(case, t).as_text()
+        )
+        lowered[target] = hlo.parse_stablehlo(text)
+    audit = BackwardAudit(summary, lowered)
+    n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
+    received = summary.received_bytes_per_device()
+    bound = spec.backward_max_received_bytes(case.dims_map, n, itemsize)
+    record = ByteRecord(case.family, case.impl, case.mesh.label, case.dtype, received, bound,
+                        tuple(op.describe() for op in summary.ops))  # fmt: skip
+    BACKWARD_BYTE_RECORDS.append(record)
+    if impl.baseline:
+        return record
+    allowed = spec.backward_allowed_collectives
+    ops = [f"  {op.describe()}" for op in summary.ops] or ["  (none)"]
+    problems = audit.forbidden(allowed)
+    if problems:
+        allowed_text = ", ".join(sorted(allowed)) or "none"
+        kinds = {k for line in problems for k in hlo.COLLECTIVE_KINDS if k + "(" in line or k + "-" in line}
+        what = "the backward pass uses collectives its math does not need"
+        raise fail(case, "backward_collectives", what, [
+            f"allowed        : {allowed_text} ({spec.backward_byte_bound_text})",
+            *problems,
+            *([DEFENSIVE_ALL_REDUCE_HINT] if "all-reduce" in kinds else []),
+        ])  # fmt: skip
+    if received is None or received > bound:
+        got = "unbounded (a collective runs in a loop of unknown trip count)" if received is None \
+            else f"{received} bytes"  # fmt: skip
+        raise fail(case, "backward_collectives", "the backward pass receives more than its math needs", [
+            f"bound          : {bound} bytes ({spec.backward_byte_bound_text})",
+            f"received       : {got} per device per call",
+            "collectives in the compiled backward:", *ops,
+        ])  # fmt: skip
+    return record
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+
+@dataclasses.dataclass(frozen=True)
+class AccuracyRecord:
+    """An implementation's error next to the baseline's, on the same inputs."""
+
+    family: str
+    impl: str
+    baseline: str
+    mesh: str
+    dtype: str
+    rms: float
+    baseline_rms: float
+    max_abs: float
+    baseline_max_abs: float
+
+    @property
+    def ratio(self) -> float:
+        return self.rms / self.baseline_rms if self.baseline_rms else (0.0 if not self.rms else np.inf)
+
+    def table(self) -> list[str]:
+        width = max(len(self.impl), len(self.baseline) + 11)
+        base = f"{self.baseline} (baseline)"
+        return [
+            f"{'error vs float64':<{width}}  {'rms':>10}  {'max |err|':>10}",
+            f"{self.impl:<{width}}  {self.rms:>10.3e}  {self.max_abs:>10.3e}",
+            f"{base:<{width}}  {self.baseline_rms:>10.3e}  {self.baseline_max_abs:>10.3e}",
+        ]
+
+
+ACCURACY_RECORDS: list[AccuracyRecord] = []
+
+
+def baseline_of(family: str) -> str:
+    from conformance import registry
+
+    found = [i.name for i in registry.registered(family) if i.baseline]
+    if not found:
+        raise ValueError(f"family {family} has no registered baseline to compare accuracy with")
+    return found[0]
+
+
+def check_accuracy(case: Case) -> AccuracyRecord:
+    """The implementation's rms error is no worse than the baseline's on the same inputs.
+
+    Both are measured against numpy float64; the limit is
+    :data:`tolerances.ACCURACY_RATIO_LIMIT` times the baseline's rms error (see
+    there for why). This catches what the elementwise bound cannot: partial
+    sums rounded to a 16-bit dtype between ring steps.
+    """
+    from conformance import tolerances
+
+    baseline = baseline_of(case.family)
+    if case.impl == baseline:
+        raise ValueError(f"{case.impl} is the baseline of {case.family}: nothing to compare with")
+    inputs = runner.make_inputs(case)
+    inputs64, out = _call(case, "accuracy", lambda: runner.execute(case, inputs=inputs))
+    base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
+    _, base_out = _call(case, "accuracy", lambda: runner.execute(base_case, inputs=inputs))
+    exact = case.spec.reference(*inputs64)
+    err = np.asarray(out).astype(np.float64) - exact
+    base_err = np.asarray(base_out).astype(np.float64) - exact
+    record = AccuracyRecord(case.family, case.impl, baseline, case.mesh.label, case.dtype,
+                            float(np.sqrt(np.mean(err**2))), float(np.sqrt(np.mean(base_err**2))),
+                            float(np.max(np.abs(err))), float(np.max(np.abs(base_err))))  # fmt: skip
+    ACCURACY_RECORDS.append(record)
+    limit = tolerances.ACCURACY_RATIO_LIMIT
+    if not record.ratio <= limit:
+        raise fail(case, "accuracy", f"clearly less accurate than the baseline {baseline}", [
+            *record.table(),
+            f"rms ratio      : {record.ratio:.2f} (limit {limit}: {tolerances.ACCURACY_RATIO_REASON})",
+        ])  # fmt: skip
+    return record
+
+
 #: Name -> check, for the replay command.
 CHECKS: dict[str, Callable[[Case], object]] = {
     "values": check_values,
@@ -347,4 +563,7 @@ CHECKS: dict[str, Callable[[Case], object]] = {
     "bad_inputs": check_bad_inputs,
     "races": check_races,
     "barrier_protocol": check_barrier_protocol,
+    "gradients": check_gradients,
+    "backward_collectives": check_backward_collectives,
+    "accuracy": check_accuracy,
 }

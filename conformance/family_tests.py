@@ -13,7 +13,7 @@ canonical dims and share that one compile and run.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance import checks, registry, specs, strategies
@@ -22,6 +22,13 @@ from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
 #: Meshes for the per-dtype checks: a 1-D ring of 4 and a 2-D mesh, one per axis type.
 REPRESENTATIVE_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"))
+#: Backward audit: 1-D, and both axes of a 2-D mesh (where a result replicated over
+#: the other axis invites a defensive all-reduce), both axis types.
+BACKWARD_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"), parse_mesh("4x2-x-explicit"))
+#: Accuracy: the longest ring (most partial sums per output) and a 2-D mesh.
+ACCURACY_MESHES = (parse_mesh("8-x-explicit"), parse_mesh("2x4-y-auto"))
+#: Gradient examples per implementation: half the profile's (each is a forward and a backward compile).
+GRADIENT_EXAMPLES = max(1, settings.default.max_examples // 2)
 
 
 def meshes(configs: tuple[MeshConfig, ...]):
@@ -45,10 +52,30 @@ def run(check, case: Case) -> None:
     pytest.fail(message, pytrace=False)  # outside the except: no chained duplicate
 
 
-def pallas_only(fn):
-    """Decorator: parametrize ``implementation`` over Pallas implementations only."""
-    fn.pallas_only = True
-    return fn
+def only(predicate: str):
+    """Decorator: parametrize ``implementation`` over those whose record has ``predicate`` true.
+
+    ``"pallas"``, ``"differentiable"``, or ``"not_baseline"``.
+    """
+
+    def mark(fn):
+        fn.implementation_filter = predicate
+        return fn
+
+    return mark
+
+
+pallas_only = only("pallas")
+
+
+def dtypes_from(field: str):
+    """Decorator: parametrize ``dtype`` over the spec's ``field`` (default: ``dtypes``)."""
+
+    def mark(fn):
+        fn.dtypes_field = field
+        return fn
+
+    return mark
 
 
 def canonical_case(
@@ -64,6 +91,12 @@ def canonical_case(
         dma_mode = "on_wait"
     dims = specs.get(family).canonical_dims
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
+
+
+def accuracy_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype: str) -> Case:
+    case = canonical_case(family, impl, platform, mesh, dtype)
+    return Case.make(family, impl, mesh, specs.get(family).accuracy_dims or {}, dtype,
+                     platform=platform, dma_mode=case.dma_mode)  # fmt: skip
 
 
 @given(data=st.data())
@@ -116,6 +149,34 @@ def test_races(family: str, implementation: str, mesh_config: MeshConfig, dma_mo
 def test_barrier_protocol(family: str, implementation: str, mesh_config: MeshConfig) -> None:
     """Pallas kernels: no remote DMA before the barrier (static; interpret mode cannot see it)."""
     run(checks.check_barrier_protocol, canonical_case(family, implementation, "cpu", mesh_config))
+
+
+@only("differentiable")
+@settings(max_examples=GRADIENT_EXAMPLES)
+@given(data=st.data())
+def test_gradients(family: str, implementation: str, platform: str, data: st.DataObject) -> None:
+    """``jax.vjp`` with random cotangents against numpy float64 gradients, over drawn cases."""
+    dtypes = specs.get(family).gradient_dtypes
+    run(checks.check_gradients, strategies.draw_case(data, family, implementation, platform, dtypes=dtypes))
+
+
+@only("differentiable")
+@meshes(BACKWARD_MESHES)
+def test_backward_collectives(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig
+) -> None:
+    """The backward pass uses only the collectives its math needs: compiled here and lowered for targets."""
+    run(checks.check_backward_collectives, canonical_case(family, implementation, platform, mesh_config))
+
+
+@only("not_baseline")
+@meshes(ACCURACY_MESHES)
+@dtypes_from("accuracy_dtypes")
+def test_accuracy(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str
+) -> None:
+    """rms error against float64, side by side with the baseline's on the same inputs."""
+    run(checks.check_accuracy, accuracy_case(family, implementation, platform, mesh_config, dtype))
 
 
 __all__ = [name for name in dir() if name.startswith("test_")]

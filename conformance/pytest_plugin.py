@@ -87,8 +87,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "implementation" in names:
         family = metafunc.module.FAMILY
         impls = registry.registered(family, metafunc.config.getoption("impl"))
-        if getattr(metafunc.function, "pallas_only", False):
-            impls = [i for i in impls if i.pallas]
+        keep = getattr(metafunc.function, "implementation_filter", None)
+        if keep is not None:
+            impls = [i for i in impls if (not i.baseline if keep == "not_baseline" else getattr(i, keep))]
         metafunc.parametrize("implementation", [i.name for i in impls])
     if "mesh_config" in names:
         configs = getattr(metafunc.function, "mesh_configs", meshes.MESH_CONFIGS)
@@ -96,8 +97,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "dma_mode" in names:
         metafunc.parametrize("dma_mode", runner.DMA_MODES)
     if "dtype" in names:
-        dtypes = specs.get(metafunc.module.FAMILY).dtypes
-        metafunc.parametrize("dtype", dtypes)
+        field = getattr(metafunc.function, "dtypes_field", "dtypes")
+        metafunc.parametrize("dtype", getattr(specs.get(metafunc.module.FAMILY), field))
     if "platform" in names:
         metafunc.parametrize(
             "platform",
@@ -108,11 +109,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect (not skip) tests with nothing to run, e.g. Pallas checks of a family with no Pallas kernel."""
 
-    def has_no_implementation(item: pytest.Item) -> bool:
+    def has_empty_parameter(item: pytest.Item) -> bool:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        return "implementation" in params and not isinstance(params["implementation"], str)
+        return any(k in params and not isinstance(params[k], str) for k in ("implementation", "dtype"))
 
-    empty = [i for i in items if has_no_implementation(i)]  # pytest's NOTSET placeholder
+    empty = [i for i in items if has_empty_parameter(i)]  # pytest's NOTSET placeholder
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
@@ -132,15 +133,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"needs {config.num_devices} devices, found {found}")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    from conformance.checks import BYTE_RECORDS
-
-    if not BYTE_RECORDS:
+def _byte_table(tr, title: str, records: list) -> None:
+    if not records:
         return
-    tr = terminalreporter
-    tr.section("bytes received per device / lower bound (from compiled HLO)")
+    tr.section(title)
     by_impl: dict[tuple[str, str], list] = defaultdict(list)
-    for rec in BYTE_RECORDS:
+    for rec in records:
         by_impl[(rec.family, rec.impl)].append(rec)
     width = max(len(impl) for _, impl in by_impl)
     for (family, impl), recs in sorted(by_impl.items()):
@@ -150,8 +148,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         span = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "n/a"
         if ratios and min(ratios) == max(ratios):
             span = f"{ratios[0]:.2f}"
+        if not ratios and all(r.received == 0 for r in recs):
+            span = "0 bytes"
         via = ", ".join(kinds) or "none"
-        line = f"{family:<18} {impl:<{width}}  ratio {span:>9} over {len(recs):>2} meshes  via {via}"
+        line = f"{family:<21} {impl:<{width}}  ratio {span:>9} over {len(recs):>2} meshes  via {via}"
         if unbounded:
             line += f"  UNBOUNDED on {unbounded}"
         tr.write_line(line)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    from conformance.checks import ACCURACY_RECORDS, BACKWARD_BYTE_RECORDS, BYTE_RECORDS
+
+    tr = terminalreporter
+    _byte_table(tr, "forward: bytes received per device / lower bound (compiled HLO)", BYTE_RECORDS)
+    _byte_table(tr, "backward (VJP): bytes received per device / the math's bound (compiled HLO)",
+                BACKWARD_BYTE_RECORDS)  # fmt: skip
+    if ACCURACY_RECORDS:
+        tr.section("accuracy: rms error vs float64, implementation / baseline (same inputs)")
+        width = max(len(r.impl) for r in ACCURACY_RECORDS)
+        for r in sorted(ACCURACY_RECORDS, key=lambda r: (r.family, r.impl, r.mesh, r.dtype)):
+            tr.write_line(f"{r.family:<21} {r.impl:<{width}}  {r.mesh:<13} {r.dtype:<9} "
+                          f"{r.rms:.3e} / {r.baseline_rms:.3e} = {r.ratio:.2f}")  # fmt: skip

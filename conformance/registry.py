@@ -39,6 +39,9 @@ class Implementation:
     pallas: bool = False
     #: Backends it must lower for from the CPU host.
     lowering_targets: tuple[str, ...] = ("tpu", "cuda")
+    #: It supports ``jax.vjp``: the suite checks its gradients against numpy
+    #: and audits the collectives of its backward pass.
+    differentiable: bool = False
 
     @property
     def module(self) -> str:
@@ -66,11 +69,14 @@ def register(
     description: str = "",
     pallas: bool = False,
     lowering_targets: tuple[str, ...] | None = None,
+    differentiable: bool = False,
 ) -> Callable[[F], F]:
     """Register ``fn`` as an implementation of ``family`` under ``name``; returns ``fn`` unchanged.
 
     ``pallas=True`` declares a Pallas TPU kernel taking an ``interpret`` keyword;
     its default ``lowering_targets`` is ``("tpu",)``, otherwise ``("tpu", "cuda")``.
+    ``differentiable=True`` opts into the gradient checks (VJP against numpy
+    float64) and the backward-pass collective audit.
     """
     if lowering_targets is None:
         lowering_targets = ("tpu",) if pallas else ("tpu", "cuda")
@@ -84,7 +90,8 @@ def register(
         if not callable(fn):
             raise TypeError(f"register({family!r}, name={name!r}) needs a callable, got {fn!r}")
         impl = Implementation(family, name, fn, baseline=baseline, description=description,
-                              pallas=pallas, lowering_targets=tuple(lowering_targets))  # fmt: skip
+                              pallas=pallas, lowering_targets=tuple(lowering_targets),
+                              differentiable=differentiable)  # fmt: skip
         existing = _REGISTRY.setdefault(family, {}).get(name)
         if existing is not None and existing.fn is not fn:
             same_place = (existing.module, existing.fn.__qualname__) == (

@@ -181,8 +181,7 @@ def place(case: Case, arrays: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
     return tuple(jax.device_put(a, s) for a, s in zip(arrays, operand_shardings(case), strict=True))
 
 
-@functools.cache
-def jitted(
+def bound(
     family: str,
     impl: str,
     mesh: MeshConfig,
@@ -191,7 +190,7 @@ def jitted(
     dma_mode: str | None = None,
     detect_races: bool = False,
 ) -> Any:
-    """``jax.jit`` of the implementation with its static keywords bound (one per configuration).
+    """The implementation with its static keywords bound: a function of the operands alone.
 
     A Pallas kernel on CPU gets ``interpret=InterpretParams(...)``; on a TPU it
     gets no ``interpret`` and is compiled for the chip.
@@ -202,7 +201,36 @@ def jitted(
         kwargs["interpret"] = compat.interpret_params(
             dma_execution_mode=dma_mode or "eager", detect_races=detect_races
         )
-    return jax.jit(functools.partial(record.fn, **kwargs))
+    return functools.partial(record.fn, **kwargs)
+
+
+@functools.cache
+def jitted(
+    family: str,
+    impl: str,
+    mesh: MeshConfig,
+    platform: str,
+    axis_name: str,
+    dma_mode: str | None = None,
+    detect_races: bool = False,
+) -> Any:
+    """``jax.jit`` of :func:`bound` (one per configuration)."""
+    return jax.jit(bound(family, impl, mesh, platform, axis_name, dma_mode, detect_races))
+
+
+def pullback_of(fn: Any) -> Any:
+    """``(*operands, cotangent) -> gradients``: the VJP of ``fn``, jitted as one module.
+
+    This is the backward pass as a training step runs it: the forward work its
+    residuals need, then the transpose. XLA removes forward work nothing uses.
+    """
+
+    def pullback(*operands_and_cotangent: jax.Array) -> tuple[jax.Array, ...]:
+        *operands, cotangent = operands_and_cotangent
+        _, vjp = jax.vjp(fn, *operands)
+        return vjp(cotangent)
+
+    return jax.jit(pullback)
 
 
 def jitted_for(case: Case, *, axis_name: str | None = None, detect_races: bool = False) -> Any:
@@ -216,6 +244,18 @@ def abstract_args(case: Case) -> tuple[jax.ShapeDtypeStruct, ...]:
         jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
         for shape, sharding in zip(case.operand_shapes, operand_shardings(case), strict=True)
     )
+
+
+def abstract_pullback_args(case: Case) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The operands, then a cotangent shaped and sharded like the result."""
+    ct = jax.ShapeDtypeStruct(case.out_shape, jnp.dtype(case.dtype), sharding=expected_out_sharding(case))
+    return (*abstract_args(case), ct)
+
+
+def make_cotangent(case: Case) -> np.ndarray:
+    """A random cotangent for ``case``'s result, rounded to its dtype (seeded like the inputs)."""
+    rng = np.random.default_rng([case.seed, len(case.operand_shapes), zlib.crc32(case.token.encode())])
+    return rng.standard_normal(case.out_shape).astype(np_dtype(case.dtype))
 
 
 def _compile_key(case: Case) -> Case:
@@ -232,14 +272,34 @@ def compiled(case: Case, *, detect_races: bool = False) -> Any:
     return _compiled(_compile_key(case), detect_races)
 
 
+@functools.cache
+def _compiled_pullback(key: Case) -> Any:
+    fn = bound(key.family, key.impl, key.mesh, key.platform, key.mesh.axis_name, key.dma_mode)
+    return pullback_of(fn).lower(*abstract_pullback_args(key)).compile()
+
+
+def compiled_pullback(case: Case) -> Any:
+    """The compiled VJP of ``case`` (cached per shape)."""
+    return _compiled_pullback(_compile_key(case))
+
+
+def _unjitted_for_target(case: Case) -> Any:
+    """The implementation as a target backend sees it: a Pallas kernel without ``interpret``."""
+    return functools.partial(case.implementation.fn, mesh=mesh_of(case), axis_name=case.mesh.axis_name)
+
+
 def lowered_for(case: Case, target: str) -> Any:
     """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"``.
 
     A Pallas kernel is lowered as the real kernel (no ``interpret``).
     """
-    fn = jax.jit(functools.partial(case.implementation.fn, mesh=mesh_of(case),
-                                   axis_name=case.mesh.axis_name))  # fmt: skip
-    return compat.lower_for_platform(fn, abstract_args(case), target)
+    return compat.lower_for_platform(jax.jit(_unjitted_for_target(case)), abstract_args(case), target)
+
+
+def lowered_pullback_for(case: Case, target: str) -> Any:
+    """``case``'s VJP lowered for another backend (what that backend's compiler is given)."""
+    return compat.lower_for_platform(pullback_of(_unjitted_for_target(case)),
+                                     abstract_pullback_args(case), target)  # fmt: skip
 
 
 #: Seconds a Pallas kernel may run in interpret mode before the watchdog stops it.
@@ -292,11 +352,21 @@ def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
     return out
 
 
-def execute(case: Case, *, detect_races: bool = False) -> tuple[tuple[np.ndarray, ...], jax.Array]:
-    """Run ``case`` once on fresh inputs; returns (float64 inputs, output)."""
-    inputs = make_inputs(case)
+def execute(
+    case: Case, *, detect_races: bool = False, inputs: tuple[np.ndarray, ...] | None = None
+) -> tuple[tuple[np.ndarray, ...], jax.Array]:
+    """Run ``case`` once on fresh inputs (or on ``inputs``); returns (float64 inputs, output)."""
+    inputs = make_inputs(case) if inputs is None else inputs
     out = _run_guarded(case, compiled(case, detect_races=detect_races), place(case, inputs))
     return tuple(a.astype(np.float64) for a in inputs), out
+
+
+def execute_pullback(case: Case) -> tuple[tuple[np.ndarray, ...], np.ndarray, tuple[jax.Array, ...]]:
+    """Run ``case``'s VJP on fresh inputs and a random cotangent: (float64 inputs, float64 ct, grads)."""
+    inputs, ct = make_inputs(case), make_cotangent(case)
+    placed = (*place(case, inputs), jax.device_put(ct, expected_out_sharding(case)))
+    grads = _run_guarded(case, compiled_pullback(case), placed)
+    return tuple(a.astype(np.float64) for a in inputs), ct.astype(np.float64), tuple(grads)
 
 
 @functools.cache

@@ -21,6 +21,8 @@ from fixtures.meshes import MESH_CONFIGS, MeshConfig
 DIM_VALUES: dict[str, tuple[int, ...]] = {
     "rows_per_shard": (1, 2, 3, 5, 8),
     "cols_per_shard": (1, 2, 3, 8),
+    #: Contraction per shard (matmul_reduce_scatter): K = k_per_shard * n <= 32 on 8 devices.
+    "k_per_shard": (1, 2, 4),
     "K": (1, 3, 8, 16, 32),
     #: Trailing width: lane-dense (128, 256) as TPU layouts prefer, and narrow/odd ones.
     "cols": (1, 8, 128, 256),
@@ -42,14 +44,16 @@ def dims(family: str) -> st.SearchStrategy[dict[str, int]]:
     return st.fixed_dictionaries({d: st.sampled_from(DIM_VALUES[d]) for d in spec.dims})
 
 
-def dtypes(family: str) -> st.SearchStrategy[str]:
+def family_dtypes(family: str) -> st.SearchStrategy[str]:
     return st.sampled_from(specs.get(family).dtypes)
 
 
-def draw_case(data: st.DataObject, family: str, impl: str, platform: str) -> Case:
+def draw_case(
+    data: st.DataObject, family: str, impl: str, platform: str, *, dtypes: tuple[str, ...] | None = None
+) -> Case:
     """Draw a whole case with labelled draws (hypothesis prints each label on failure)."""
     mesh = data.draw(mesh_configs(platform), label="mesh")
-    dtype = data.draw(dtypes(family), label="dtype")
+    dtype = data.draw(st.sampled_from(dtypes) if dtypes else family_dtypes(family), label="dtype")
     drawn = data.draw(dims(family), label="dims")
     seed = data.draw(st.integers(0, 2**16), label="seed")
     dma_mode = None

@@ -58,3 +58,13 @@ def matmul_tolerance(lhs: np.ndarray, rhs: np.ndarray, dtype: str) -> np.ndarray
     """Elementwise bound on ``|computed - exact|`` for ``lhs @ rhs`` computed in ``dtype``."""
     k = lhs.shape[-1]
     return gamma(k + 1, dtype) * (np.abs(lhs) @ np.abs(rhs))
+
+
+#: An implementation fails the accuracy check when its rms error exceeds the
+#: baseline's (same inputs, both against float64) by more than this factor.
+ACCURACY_RATIO_LIMIT = 1.25
+ACCURACY_RATIO_REASON = (
+    "the rms error over the >= 4096 outputs the check compares has a sampling spread of about 1%, so an "
+    "equally accurate kernel measures 1.00 +- 0.03; one extra rounding of comparable size "
+    "per output already gives sqrt(2) = 1.41"
+)

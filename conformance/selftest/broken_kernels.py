@@ -19,8 +19,8 @@ from jax.experimental import io_callback
 from jax.sharding import PartitionSpec as P
 
 import conformance
+from kernels._ring import ring_perm
 from kernels.allgather_matmul._common import local_matmul, validate
-from kernels.allgather_matmul.ring import ring_perm
 
 #: broken implementation -> the test (check) that must fail for it
 EXPECTED_REJECTION: dict[str, str] = {

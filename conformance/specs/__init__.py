@@ -5,8 +5,11 @@ from __future__ import annotations
 from conformance.specs.all_gather import ALL_GATHER
 from conformance.specs.allgather_matmul import ALLGATHER_MATMUL
 from conformance.specs.base import BadInput, FamilySpec, Operand
+from conformance.specs.matmul_reduce_scatter import MATMUL_REDUCE_SCATTER
 
-FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (ALL_GATHER, ALLGATHER_MATMUL)}
+FAMILIES: dict[str, FamilySpec] = {
+    spec.name: spec for spec in (ALL_GATHER, ALLGATHER_MATMUL, MATMUL_REDUCE_SCATTER)
+}
 
 
 def get(family: str) -> FamilySpec:

@@ -11,6 +11,11 @@ is both the lower bound and the allowed maximum. XLA-level implementations may
 move data by all-gather or collective-permute; a Pallas kernel moves it with
 remote DMAs inside the kernel, so its compiled module may hold no collective at
 all around the kernel call.
+
+Gradient: the result is the input, replicated, so ``d_x`` is the cotangent's
+rows this device holds: a slice, exact, with no collective at all (an all-reduce
+in the backward is the defensive one shard_map adds when it cannot tell that
+the output is replicated).
 """
 
 from __future__ import annotations
@@ -59,6 +64,11 @@ ALL_GATHER = FamilySpec(
     reference=lambda x: x,
     tolerance=lambda x, dtype: tolerances.data_movement_tolerance(x.shape),
     allowed_collectives=frozenset({"all-gather", "collective-permute"}),
+    vjp_reference=lambda x, ct: (ct,),
+    vjp_tolerance=lambda x, ct, dtype: (tolerances.data_movement_tolerance(ct.shape),),
+    backward_allowed_collectives=frozenset(),
+    backward_max_received_bytes=lambda d, n, itemsize: 0,
+    backward_byte_bound_text="nothing moves: each device slices its rows of the cotangent",
     max_received_bytes=_shards_not_held,
     min_received_bytes=_shards_not_held,
     bad_inputs=_bad_inputs,

@@ -10,14 +10,22 @@ it must receive the ``n - 1`` row blocks it does not hold: ``(n-1)/n`` of
 ``lhs``. That is both the lower bound and, for this family, the upper bound:
 data may move only by collective-permutes (a ring), never by all-gather,
 all-reduce, reduce-scatter or all-to-all.
+
+Gradients (``ct``: the cotangent, sharded like the output, by columns):
+``d_rhs = lhs.T @ ct`` needs the gathered ``lhs`` again (or a saved copy), and
+``d_lhs = ct @ rhs.T`` is a sum over every device's columns scattered by rows:
+a matmul + reduce-scatter. So the backward may receive ``(n-1)/n`` of ``lhs``
+plus ``(n-1)/n`` of one ``[M, K]`` partial of ``d_lhs`` (float32 for 16-bit
+floats), by collective-permutes only.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
-from conformance.specs.base import BadInput, Dims, FamilySpec, Operand
+from conformance.specs.base import BadInput, Dims, FamilySpec, Operand, partial_itemsize
 
 
 def _lhs_shape(d: Dims, n: int) -> tuple[int, int]:
@@ -35,6 +43,19 @@ def _out_shape(d: Dims, n: int) -> tuple[int, int]:
 def _lhs_bytes_not_held(d: Dims, n: int, itemsize: int) -> int:
     """(n-1)/n of lhs: the row blocks a device does not hold."""
     return (n - 1) * d["rows_per_shard"] * d["K"] * itemsize
+
+
+def _backward_bytes(d: Dims, n: int, itemsize: int) -> int:
+    """lhs gathered again, plus the reduce-scatter of d_lhs's partials."""
+    return (n - 1) * d["rows_per_shard"] * d["K"] * (itemsize + partial_itemsize(itemsize))
+
+
+def _vjp_reference(lhs: np.ndarray, rhs: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return ct @ rhs.T, lhs.T @ ct
+
+
+def _vjp_tolerance(lhs, rhs, ct, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    return tolerances.matmul_tolerance(ct, rhs.T, dtype), tolerances.matmul_tolerance(lhs.T, ct, dtype)
 
 
 def _bad_inputs(n: int) -> tuple[BadInput, ...]:
@@ -80,4 +101,11 @@ ALLGATHER_MATMUL = FamilySpec(
     min_received_bytes=_lhs_bytes_not_held,
     bad_inputs=_bad_inputs,
     byte_bound_text="each device may receive at most (n-1)/n of lhs",
+    vjp_reference=_vjp_reference,
+    vjp_tolerance=_vjp_tolerance,
+    backward_allowed_collectives=frozenset({"collective-permute"}),
+    backward_max_received_bytes=_backward_bytes,
+    backward_byte_bound_text="(n-1)/n of lhs plus (n-1)/n of one [M, K] partial of d_lhs",
+    accuracy_dtypes=("bfloat16", "float16"),
+    accuracy_dims={"rows_per_shard": 16, "K": 32, "cols_per_shard": 16},
 )

@@ -11,6 +11,21 @@ from jax.sharding import PartitionSpec as P
 Dims = Mapping[str, int]
 
 
+def _np_dtype(name: str) -> np.dtype:
+    import jax.numpy as jnp
+
+    return np.dtype(jnp.dtype(name))
+
+
+def partial_itemsize(itemsize: int) -> int:
+    """Bytes per element of a matmul partial sum: float32 for 16-bit floats, else the dtype's own.
+
+    (The matmul families' dtypes are float32, bfloat16, float16 and int32, so a
+    2-byte dtype there is always a float.)
+    """
+    return max(itemsize, 4)
+
+
 @dataclasses.dataclass(frozen=True)
 class Operand:
     """One input of the family's signature: its name, sharding and global shape."""
@@ -58,6 +73,31 @@ class FamilySpec:
     bad_inputs: Callable[[int], tuple[BadInput, ...]]
     #: Sentence stating the byte bound, for failure messages.
     byte_bound_text: str = ""
+
+    # -- autodiff: what ``jax.vjp`` of an implementation that declares itself differentiable must give
+    #: (float64 inputs..., float64 cotangent) -> the float64 gradient of each operand.
+    vjp_reference: Callable[..., tuple[np.ndarray, ...]] | None = None
+    #: (float64 inputs..., float64 cotangent, dtype) -> elementwise tolerance of each gradient.
+    vjp_tolerance: Callable[..., tuple[np.ndarray, ...]] | None = None
+    #: HLO collectives the pullback (forward recomputation included) may use; the baseline is exempt.
+    backward_allowed_collectives: frozenset[str] = frozenset()
+    #: Max bytes one device may receive in the pullback: (dims, axis size, itemsize) -> bytes.
+    backward_max_received_bytes: Callable[[Dims, int, int], int] | None = None
+    backward_byte_bound_text: str = ""
+
+    # -- accuracy against the baseline's own error, for dtypes where the accumulation order matters
+    accuracy_dtypes: tuple[str, ...] = ()
+    #: Dims for the accuracy check: enough output elements for a stable error statistic.
+    accuracy_dims: Mapping[str, int] | None = None
+
+    @property
+    def differentiable(self) -> bool:
+        return self.vjp_reference is not None
+
+    @property
+    def gradient_dtypes(self) -> tuple[str, ...]:
+        """The float dtypes of the family (integers have no gradients)."""
+        return tuple(d for d in self.dtypes if not np.issubdtype(_np_dtype(d), np.integer))
 
     @property
     def operand_names(self) -> tuple[str, ...]:

@@ -33,6 +33,15 @@ Synchronisation, and why it is race-free:
    (``send[s]``) and for the last receive of each direction, so no transfer is
    in flight into or out of a buffer after the kernel returns.
 
+Gradient. ``jax.custom_vjp`` around the ``shard_map``: the transpose of a
+replicated all-gather is a slice of the cotangent (no collective). The
+``custom_vjp`` is outside rather than inside the ``shard_map`` because inside it
+would need ``check_vma=True``, and JAX's TPU interpret mode (0.10.2) cannot run
+this kernel then: ``axis_index`` in the kernel body is typed as varying and
+mixing it with constants fails ("Primitive add requires varying manual axes to
+match"), although lowering for a TPU works. README, "Backward passes without
+defensive all-reduces", gives both recipes.
+
 Limits. One mesh axis per call; the other axes of a 2-D mesh are replicated and
 addressed by their own coordinates. Input and output stay in HBM (``pl.ANY``)
 and are touched only by DMAs, so the kernel sets no VMEM tiling constraint of
@@ -162,13 +171,41 @@ def _all_gather(
         )(shard)
         return gathered.reshape(n * shard.shape[0], *shard.shape[1:])
 
-    return jax.shard_map(per_device, mesh=mesh, in_specs=P(axis_name), out_specs=P(), check_vma=False)(x)
+    # check_vma=False: shard_map cannot see inside the kernel that its output is
+    # replicated, so it is declared by out_specs=P() alone. Left to autodiff, that
+    # would cost a defensive all-reduce in the backward; the custom_vjp below
+    # sits *around* the shard_map so the backward is ours: a slice.
+    gather = jax.shard_map(per_device, mesh=mesh, in_specs=P(axis_name), out_specs=P(), check_vma=False)
+
+    @jax.custom_vjp
+    def all_gather(x: jax.Array) -> jax.Array:
+        return gather(x)
+
+    def all_gather_fwd(x):
+        return gather(x), None
+
+    def all_gather_bwd(_, ct):
+        return (_own_rows_of_cotangent(ct, mesh=mesh, axis_name=axis_name, n=n),)
+
+    all_gather.defvjp(all_gather_fwd, all_gather_bwd)
+    return all_gather(x)
+
+
+def _own_rows_of_cotangent(ct: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, n: int) -> jax.Array:
+    """The all-gather's transpose for a replicated result: each device keeps its rows. No collective."""
+    rows = ct.shape[0] // n
+
+    def own_rows(ct_replicated: jax.Array) -> jax.Array:
+        return lax.dynamic_slice_in_dim(ct_replicated, lax.axis_index(axis_name) * rows, rows)
+
+    return jax.shard_map(own_rows, mesh=mesh, in_specs=P(), out_specs=P(axis_name))(ct)
 
 
 @conformance.register(
     "all_gather",
     name="pallas_ring_all_gather_bidirectional",
     pallas=True,
+    differentiable=True,
     description="Pallas remote-DMA ring, half of each shard each way, a semaphore per step",
 )
 def pallas_ring_all_gather_bidirectional(
@@ -182,6 +219,7 @@ def pallas_ring_all_gather_bidirectional(
     "all_gather",
     name="pallas_ring_all_gather_unidirectional",
     pallas=True,
+    differentiable=True,
     description="Pallas remote-DMA ring in one direction, a semaphore per step",
 )
 def pallas_ring_all_gather_unidirectional(

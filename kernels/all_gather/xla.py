@@ -14,6 +14,7 @@ from kernels.all_gather._common import validate
     "all_gather",
     name="xla_all_gather",
     baseline=True,
+    differentiable=True,
     description="lax.all_gather (tiled) under shard_map",
 )
 def xla_all_gather(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
+from kernels._ring import dot
 from kernels._validation import axis_size, require_divisible
 
 
@@ -22,5 +22,4 @@ def validate(name: str, lhs: jax.Array, rhs: jax.Array, mesh: jax.sharding.Mesh,
 
 def local_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
     """``a @ b`` accumulated in float32 for sub-32-bit floats, returned in the input dtype."""
-    acc = jnp.float32 if jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize < 4 else a.dtype
-    return jnp.dot(a, b, preferred_element_type=acc).astype(a.dtype)
+    return dot(a, b).astype(a.dtype)

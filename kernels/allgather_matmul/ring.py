@@ -23,6 +23,21 @@ interconnects (TPU ICI) for the same total bytes. An odd m is exact: the halves
 are ``ceil`` and ``floor`` (never ``m // 2`` twice); with m == 1 the bottom half is
 empty and only the leftward ring runs.
 
+Backward pass. Both rings are ``jax.custom_vjp`` functions whose backward is
+rings too (the schedules live in :mod:`kernels._ring`). With ``ct`` the
+cotangent of this device's output columns:
+
+* ``d_rhs[:, cols_d] = lhs.T @ ct``: the gather ring runs again over ``lhs``
+  (recomputed rather than saved: ``(n-1)/n`` of ``lhs`` travels again, and no
+  ``[M, K]`` residual is kept per device), each block contracted with its rows
+  of ``ct``;
+* ``d_lhs[rows_d] = sum_j ct[rows_d, cols_j] @ rhs[:, cols_j].T``: a sum over
+  devices, scattered by rows, i.e. a matmul + reduce-scatter, done by the
+  reduce-scatter ring with float32 accumulators for sub-32-bit floats.
+
+Neither needs an all-reduce or an all-gather: the backward's collectives are
+collective-permutes only, which the suite's backward audit checks.
+
 Limits. The rings run over one mesh axis; other mesh axes are replicated.
 The loop is unrolled in Python (n is static), which keeps each transfer a
 separate collective-permute XLA can schedule against the matmuls; for very
@@ -40,65 +55,68 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels.allgather_matmul._common import local_matmul, validate
+from kernels._ring import dot, ring_gather_visit, ring_reduce_scatter
+from kernels.allgather_matmul._common import validate
 
 
-def ring_perm(n: int, shift: int) -> list[tuple[int, int]]:
-    """Source->target pairs moving every device's buffer ``shift`` hops along the ring."""
-    return [(j, (j + shift) % n) for j in range(n)]
-
-
-def _unidirectional_body(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str) -> jax.Array:
+def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax.Array:
     n = lax.axis_size(axis_name)
-    me = lax.axis_index(axis_name)
     m = lhs_block.shape[0]
     out = jnp.zeros((m * n, rhs_block.shape[1]), lhs_block.dtype)
-    block = lhs_block  # at step s: row block of device (me + s) % n
-    for step in range(n):
-        with jax.named_scope(f"ring_step_{step}"):
-            if step < n - 1:
-                # Issue the transfer first so it overlaps the matmul below.
-                next_block = lax.ppermute(block, axis_name, ring_perm(n, -1))
-            owner = (me + step) % n
-            out = lax.dynamic_update_slice(out, local_matmul(block, rhs_block), (owner * m, 0))
-            if step < n - 1:
-                block = next_block
+
+    def multiply_into_rows(owner: jax.Array, first: int, rows: jax.Array) -> None:
+        nonlocal out
+        product = dot(rows, rhs_block).astype(lhs_block.dtype)
+        out = lax.dynamic_update_slice(out, product, (owner * m + first, 0))
+
+    ring_gather_visit(lhs_block, axis_name, multiply_into_rows, bidirectional=bidirectional)
     return out
 
 
-def _bidirectional_body(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str) -> jax.Array:
-    n = lax.axis_size(axis_name)
-    me = lax.axis_index(axis_name)
+def _backward(
+    lhs_block: jax.Array, rhs_block: jax.Array, ct: jax.Array, *, axis_name: str, bidirectional: bool
+) -> tuple[jax.Array, jax.Array]:
     m = lhs_block.shape[0]
-    top_rows = (m + 1) // 2  # ceil: the top half is never the empty one
-    bottom_rows = m - top_rows
-    out = jnp.zeros((m * n, rhs_block.shape[1]), lhs_block.dtype)
-    with jax.named_scope("own_block"):
-        top = lhs_block[:top_rows]  # travels left: at step s, top half of block (me + s)
-        bottom = lhs_block[top_rows:]  # travels right: at step s, bottom half of block (me - s)
-        next_top = lax.ppermute(top, axis_name, ring_perm(n, -1)) if n > 1 else top
-        next_bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1)) if n > 1 and bottom_rows else bottom
-        out = lax.dynamic_update_slice(out, local_matmul(lhs_block, rhs_block), (me * m, 0))
-    for step in range(1, n):
-        with jax.named_scope(f"ring_step_{step}"):
-            top, bottom = next_top, next_bottom
-            if step < n - 1:
-                next_top = lax.ppermute(top, axis_name, ring_perm(n, -1))
-                if bottom_rows:
-                    next_bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1))
-            top_owner = (me + step) % n
-            out = lax.dynamic_update_slice(out, local_matmul(top, rhs_block), (top_owner * m, 0))
-            if bottom_rows:
-                bottom_owner = (me - step) % n
-                out = lax.dynamic_update_slice(
-                    out, local_matmul(bottom, rhs_block), (bottom_owner * m + top_rows, 0)
-                )
-    return out
+    with jax.named_scope("d_rhs_gather_ring"):
+        d_rhs = jnp.zeros(rhs_block.shape, dot(lhs_block[:1].T, ct[:1]).dtype)
+
+        def contract_with_ct_rows(owner: jax.Array, first: int, rows: jax.Array) -> None:
+            nonlocal d_rhs
+            ct_rows = lax.dynamic_slice_in_dim(ct, owner * m + first, rows.shape[0])
+            d_rhs = d_rhs + dot(rows.T, ct_rows)
+
+        ring_gather_visit(lhs_block, axis_name, contract_with_ct_rows, bidirectional=bidirectional)
+    with jax.named_scope("d_lhs_reduce_scatter_ring"):
+
+        def contribution(owner: jax.Array, first: int, rows: int) -> jax.Array:
+            return dot(lax.dynamic_slice_in_dim(ct, owner * m + first, rows), rhs_block.T)
+
+        d_lhs = ring_reduce_scatter(contribution, m, axis_name, bidirectional=bidirectional)
+    return d_lhs.astype(lhs_block.dtype), d_rhs.astype(rhs_block.dtype)
 
 
-def _shard_mapped(body, lhs, rhs, mesh, axis_name):
+def _per_device(
+    lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool
+) -> jax.Array:
+    statics = {"axis_name": axis_name, "bidirectional": bidirectional}
+
+    @jax.custom_vjp
+    def ring(lhs_block: jax.Array, rhs_block: jax.Array) -> jax.Array:
+        return _forward(lhs_block, rhs_block, **statics)
+
+    def ring_fwd(lhs_block, rhs_block):
+        return _forward(lhs_block, rhs_block, **statics), (lhs_block, rhs_block)
+
+    def ring_bwd(residuals, ct):
+        return _backward(*residuals, ct, **statics)
+
+    ring.defvjp(ring_fwd, ring_bwd)
+    return ring(lhs_block, rhs_block)
+
+
+def _shard_mapped(lhs, rhs, mesh, axis_name, *, bidirectional: bool):
     return jax.shard_map(
-        functools.partial(body, axis_name=axis_name),
+        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional),
         mesh=mesh,
         in_specs=(P(axis_name, None), P(None, axis_name)),
         out_specs=P(None, axis_name),
@@ -108,22 +126,24 @@ def _shard_mapped(body, lhs, rhs, mesh, axis_name):
 @conformance.register(
     "allgather_matmul",
     name="ring_allgather_matmul_unidirectional",
+    differentiable=True,
     description="one ring direction; transfer of block s+1 overlaps the matmul of block s",
 )
 def ring_allgather_matmul_unidirectional(
     lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
 ) -> jax.Array:
     validate("ring_allgather_matmul_unidirectional", lhs, rhs, mesh, axis_name)
-    return _shard_mapped(_unidirectional_body, lhs, rhs, mesh, axis_name)
+    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=False)
 
 
 @conformance.register(
     "allgather_matmul",
     name="ring_allgather_matmul_bidirectional",
+    differentiable=True,
     description="half of each row block travels each way round the ring",
 )
 def ring_allgather_matmul_bidirectional(
     lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
 ) -> jax.Array:
     validate("ring_allgather_matmul_bidirectional", lhs, rhs, mesh, axis_name)
-    return _shard_mapped(_bidirectional_body, lhs, rhs, mesh, axis_name)
+    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=True)

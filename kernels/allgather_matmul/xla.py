@@ -14,6 +14,7 @@ from kernels.allgather_matmul._common import local_matmul, validate
     "allgather_matmul",
     name="xla_allgather_matmul",
     baseline=True,
+    differentiable=True,
     description="lax.all_gather of lhs, then one local dot (XLA's own collective)",
 )
 def xla_allgather_matmul(

@@ -1,0 +1,111 @@
+"""Family ``matmul_reduce_scatter``: a K-sharded matmul whose result is reduce-scattered by rows.
+
+``fn(lhs, rhs, *, mesh, axis_name)`` with ``lhs`` ``[M, K]`` sharded
+``P(None, axis_name)`` (the contraction is sharded) and ``rhs`` ``[K, N]``
+sharded ``P(axis_name, None)`` returns ``lhs @ rhs``, ``[M, N]``, sharded
+``P(axis_name, None)``. On a 2-D mesh the other axis is replicated.
+
+Every device holds a partial product, an ``[M, N]`` addend of the result, and
+must end up with the sum of all n partials' row block. It must receive
+contributions to its ``m = M/n`` rows from the n - 1 others: at least
+``(n-1) m N`` elements. Data may move only by collective-permutes (a ring),
+and each device may receive at most ``(n-1)/n`` of one ``[M, N]`` partial
+product, in the partials' dtype (float32 for 16-bit floats, which are summed
+in float32 and rounded once at the end).
+
+Gradients (``ct``: the cotangent, sharded like the output): ``d_lhs = ct @
+rhs.T`` and ``d_rhs = lhs.T @ ct``. Both need every row block of ``ct`` on
+every device, and nothing else moves: the backward may receive one gather of
+the cotangent, ``(n-1)/n`` of it, by collective-permutes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from conformance import tolerances
+from conformance.specs.base import BadInput, Dims, FamilySpec, Operand, partial_itemsize
+
+
+def _lhs_shape(d: Dims, n: int) -> tuple[int, int]:
+    return (d["rows_per_shard"] * n, d["k_per_shard"] * n)
+
+
+def _rhs_shape(d: Dims, n: int) -> tuple[int, int]:
+    return (d["k_per_shard"] * n, d["cols"])
+
+
+def _out_shape(d: Dims, n: int) -> tuple[int, int]:
+    return (d["rows_per_shard"] * n, d["cols"])
+
+
+def _contributions_received(d: Dims, n: int, itemsize: int) -> int:
+    """The lower bound: n - 1 contributions to this device's rows, in the output dtype."""
+    return (n - 1) * d["rows_per_shard"] * d["cols"] * itemsize
+
+
+def _partials_not_held(d: Dims, n: int, itemsize: int) -> int:
+    """The cap: (n-1)/n of one [M, N] partial product, in the partials' dtype."""
+    return _contributions_received(d, n, partial_itemsize(itemsize))
+
+
+def _vjp_reference(lhs: np.ndarray, rhs: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return ct @ rhs.T, lhs.T @ ct
+
+
+def _vjp_tolerance(lhs, rhs, ct, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    return tolerances.matmul_tolerance(ct, rhs.T, dtype), tolerances.matmul_tolerance(lhs.T, ct, dtype)
+
+
+def _bad_inputs(n: int) -> tuple[BadInput, ...]:
+    m_bad, k_bad, cols = 2 * n + 1, 3 * n + 1, 4
+    return (
+        BadInput(
+            f"M={m_bad} rows not divisible by the axis size {n}",
+            ((m_bad, n), (n, cols)),
+            None,
+            (str(m_bad), str(n)),
+        ),
+        BadInput(
+            f"K={k_bad} (the sharded contraction) not divisible by the axis size {n}",
+            ((n, k_bad), (k_bad, cols)),
+            None,
+            (str(k_bad), str(n)),
+        ),
+        BadInput(
+            "axis_name 'nonexistent_axis' is not a mesh axis",
+            ((n, n), (n, cols)),
+            "nonexistent_axis",
+            ("nonexistent_axis",),
+        ),
+    )
+
+
+MATMUL_REDUCE_SCATTER = FamilySpec(
+    name="matmul_reduce_scatter",
+    summary="lhs[M,K] P(None,axis) @ rhs[K,N] P(axis,None) -> [M,N] P(axis,None)",
+    operands=(
+        Operand("lhs", lambda a: P(None, a), _lhs_shape),
+        Operand("rhs", lambda a: P(a, None), _rhs_shape),
+    ),
+    out_spec=lambda a: P(a, None),
+    out_shape=_out_shape,
+    dims=("rows_per_shard", "k_per_shard", "cols"),
+    canonical_dims={"rows_per_shard": 3, "k_per_shard": 2, "cols": 8},
+    dtypes=("float32", "bfloat16", "float16", "int32"),
+    reference=lambda lhs, rhs: lhs @ rhs,
+    tolerance=tolerances.matmul_tolerance,
+    allowed_collectives=frozenset({"collective-permute"}),
+    max_received_bytes=_partials_not_held,
+    min_received_bytes=_contributions_received,
+    bad_inputs=_bad_inputs,
+    byte_bound_text="each device may receive at most (n-1)/n of one [M, N] partial product",
+    vjp_reference=_vjp_reference,
+    vjp_tolerance=_vjp_tolerance,
+    backward_allowed_collectives=frozenset({"collective-permute"}),
+    backward_max_received_bytes=_contributions_received,
+    backward_byte_bound_text="one gather of the cotangent: (n-1)/n of it per device",
+    accuracy_dtypes=("bfloat16", "float16"),
+    accuracy_dims={"rows_per_shard": 16, "k_per_shard": 4, "cols": 64},
+)

@@ -1,0 +1,121 @@
+"""The two ring schedules every ``ppermute`` collective matmul here is built from.
+
+Both run inside ``shard_map`` over one mesh axis of n devices, unrolled in
+Python (n is static) so that each transfer is its own collective-permute that
+XLA can schedule against the matmul of the block already in hand.
+
+**Gather ring** (:func:`ring_gather_visit`). Every device holds one row block
+``[m, ...]`` of a row-sharded array; the blocks travel round the ring and each
+device *visits* every block once, its own first. Unidirectional: whole blocks
+travel one hop left (j -> j-1) per step, so at step s device d holds the block
+of device ``(d + s) mod n``. Bidirectional: the top ``ceil(m/2)`` rows travel
+left and the bottom ``floor(m/2)`` rows travel right, so at step s device d
+holds the top half of block ``d + s`` and the bottom half of block ``d - s``.
+Both directions of every link carry data at once, each transfer half the size.
+A device receives exactly the ``(n-1) m`` rows it does not hold, the minimum.
+
+**Reduce-scatter ring** (:func:`ring_reduce_scatter`). Every device can compute
+its own *contribution* to any row block of a row-sharded result; block j is the
+sum of all n contributions to it. An accumulator for each block travels round
+the ring and every device adds its contribution as it passes: unidirectionally,
+at step s device d holds the accumulator of block ``(d + s + 1) mod n``, so
+after n - 1 hops it holds the full sum of block d, its own. Bidirectionally the
+top ``ceil(m/2)`` rows of each block travel left and the bottom rows right
+(block ``d - s - 1`` at step s). Each device sends ``(n-1) m`` rows of
+accumulator: ``(n-1)/n`` of one ``[M, N]`` partial product, the minimum.
+
+Row splits are ``ceil``/``floor``, never ``m // 2`` twice, so odd m is exact;
+with m == 1 the bottom half is empty and only the leftward ring runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def ring_perm(n: int, shift: int) -> list[tuple[int, int]]:
+    """Source->target pairs moving every device's buffer ``shift`` hops along the ring."""
+    return [(j, (j + shift) % n) for j in range(n)]
+
+
+def halves(m: int, *, bidirectional: bool) -> tuple[int, int]:
+    """Rows travelling left and right: ``(ceil(m/2), floor(m/2))``, or ``(m, 0)`` one-way."""
+    top = (m + 1) // 2 if bidirectional else m
+    return top, m - top
+
+
+def accumulator_dtype(dtype: jnp.dtype) -> jnp.dtype:
+    """float32 for sub-32-bit floats (partial sums are summed there, cast once at the end)."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
+        return jnp.dtype(jnp.float32)
+    return dtype
+
+
+def dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b`` in the accumulator dtype of ``a`` (not cast back)."""
+    return jnp.dot(a, b, preferred_element_type=accumulator_dtype(a.dtype))
+
+
+#: visit(owner, first_row, rows): ``rows`` is rows ``[first_row, first_row + len)`` of ``owner``'s block.
+Visit = Callable[[jax.Array, int, jax.Array], None]
+
+
+def ring_gather_visit(block: jax.Array, axis_name: str, visit: Visit, *, bidirectional: bool) -> None:
+    """Circulate every device's row block round the ring, calling ``visit`` on each piece."""
+    n = lax.axis_size(axis_name)
+    me = lax.axis_index(axis_name)
+    top_rows, bottom_rows = halves(block.shape[0], bidirectional=bidirectional)
+    top, bottom = block[:top_rows], block[top_rows:]
+    for step in range(n):
+        with jax.named_scope(f"gather_ring_step_{step}"):
+            # Issue the next transfers first, so they overlap this step's visit.
+            if step < n - 1:
+                next_top = lax.ppermute(top, axis_name, ring_perm(n, -1))
+                if bottom_rows:
+                    next_bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1))
+            if step == 0:
+                visit(me, 0, block)  # own block whole: one matmul, not two
+            else:
+                visit(lax.rem(me + step, n), 0, top)
+                if bottom_rows:
+                    visit(lax.rem(me - step + n, n), top_rows, bottom)
+            if step < n - 1:
+                top = next_top
+                if bottom_rows:
+                    bottom = next_bottom
+
+
+#: contribution(owner, first_row, rows): this device's addend to those rows of ``owner``'s block.
+Contribution = Callable[[jax.Array, int, int], jax.Array]
+
+
+def ring_reduce_scatter(
+    contribution: Contribution, m: int, axis_name: str, *, bidirectional: bool
+) -> jax.Array:
+    """This device's ``m``-row block of ``sum over devices of contribution``, summed round the ring.
+
+    Accumulators stay in whatever dtype ``contribution`` returns (the caller's
+    accumulator dtype); nothing is rounded between hops.
+    """
+    n = lax.axis_size(axis_name)
+    me = lax.axis_index(axis_name)
+    top_rows, bottom_rows = halves(m, bidirectional=bidirectional)
+    with jax.named_scope("reduce_scatter_ring_step_0"):
+        top = contribution(lax.rem(me + 1, n), 0, top_rows)
+        bottom = contribution(lax.rem(me - 1 + n, n), top_rows, bottom_rows) if bottom_rows else None
+    for step in range(1, n):
+        with jax.named_scope(f"reduce_scatter_ring_step_{step}"):
+            incoming_top = lax.ppermute(top, axis_name, ring_perm(n, -1))
+            if bottom_rows:
+                incoming_bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1))
+            # Computed while the accumulators are in flight.
+            top = incoming_top + contribution(lax.rem(me + step + 1, n), 0, top_rows)
+            if bottom_rows:
+                owner = lax.rem(me - step - 1 + 2 * n, n)
+                bottom = incoming_bottom + contribution(owner, top_rows, bottom_rows)
+    return top if bottom is None else jnp.concatenate([top, bottom], axis=0)
