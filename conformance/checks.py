@@ -420,6 +420,35 @@ def audit_backward(
     return BackwardAudit(hlo.parse_hlo(compiled.as_text()), lowered)
 
 
+def assert_backward_collectives(
+    fn: Callable[..., object],
+    args: Sequence[jax.ShapeDtypeStruct],
+    cotangent: jax.ShapeDtypeStruct,
+    *,
+    name: str,
+    allowed: frozenset[str] = frozenset(),
+    host_fn: Callable[..., object] | None = None,
+    targets: Sequence[str] = ("tpu",),
+) -> BackwardAudit:
+    """Raise :class:`ConformanceFailure` if ``fn``'s VJP uses a collective outside ``allowed``.
+
+    For any function, registered or not: compiled for this host (``host_fn``,
+    e.g. the Pallas kernel in interpret mode) and lowered for each of ``targets``.
+    """
+    audit = audit_backward(fn, args, cotangent, host_fn=host_fn, targets=targets)
+    problems = audit.forbidden(allowed)
+    if problems:
+        shapes = ", ".join(f"{list(a.shape)} {a.dtype}" for a in args)
+        lines = [f"[backward_collectives] {name}: the backward pass uses collectives its math does not need",
+                 f"  arguments      : {shapes}; cotangent {list(cotangent.shape)}",
+                 f"  allowed        : {', '.join(sorted(allowed)) or 'none'}",
+                 *("  " + p for p in problems)]  # fmt: skip
+        if any("all-reduce" in p for p in problems):
+            lines.append("  " + DEFENSIVE_ALL_REDUCE_HINT)
+        raise ConformanceFailure("\n".join(lines))
+    return audit
+
+
 #: Filled by :func:`check_backward_collectives`, printed by the plugin next to the forward bytes.
 BACKWARD_BYTE_RECORDS: list[ByteRecord] = []
 

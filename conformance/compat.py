@@ -9,6 +9,7 @@ this module is all the difference there is.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +52,23 @@ def all_gather_invariant(x: Any, axis_name: str, *, axis: int = 0, tiled: bool =
     if hasattr(jax.lax, "all_gather_invariant"):
         return jax.lax.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
     return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled, to="invarying")
+
+
+def varying_shape_dtype_struct(
+    shape: Sequence[int], dtype: Any, *, varying_axes: frozenset[str]
+) -> jax.ShapeDtypeStruct:
+    """A ``pallas_call`` ``out_shape`` that declares which manual mesh axes its value varies over.
+
+    Under ``shard_map(check_vma=True)`` this is how a kernel tells JAX that its
+    output is replicated over every other axis, so autodiff needs no defensive
+    all-reduce. Spelled ``ShapeDtypeStruct(..., vma=axes)`` in JAX 0.6 and
+    ``ShapeDtypeStruct(..., manual_axis_type=ManualAxisType(varying=axes))`` now.
+    """
+    parameters = inspect.signature(jax.ShapeDtypeStruct.__init__).parameters
+    if "manual_axis_type" in parameters:
+        mat = jax.sharding.ManualAxisType(varying=frozenset(varying_axes))
+        return jax.ShapeDtypeStruct(tuple(shape), dtype, manual_axis_type=mat)
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, vma=frozenset(varying_axes))
 
 
 def lower_for_platform(jitted: Any, args: Sequence[Any], platform: str) -> Any:

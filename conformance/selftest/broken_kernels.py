@@ -9,6 +9,7 @@ each is rejected by its check while the built-ins pass.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -20,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from kernels._ring import ring_perm
+from kernels.allgather_matmul import ring as good_ring
 from kernels.allgather_matmul._common import local_matmul, validate
 
 #: broken implementation -> the test (check) that must fail for it
@@ -32,6 +34,11 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_promotes_dtype": "test_dtype",
     "broken_ring_sends_double": "test_collectives",
     "broken_nondeterministic": "test_determinism",
+    "broken_backward_allreduce_then_slice": "test_backward_collectives",
+}
+#: broken implementation -> a phrase its failure message must contain
+EXPECTED_MESSAGE: dict[str, str] = {
+    "broken_backward_allreduce_then_slice": "all-reduce",
 }
 
 
@@ -146,3 +153,34 @@ def broken_nondeterministic(lhs, rhs, *, mesh, axis_name):
     if jnp.issubdtype(out.dtype, jnp.floating):
         return jnp.where(parity == 1, jnp.nextafter(out, jnp.array(jnp.inf, out.dtype)), out)
     return out + parity
+
+
+@conformance.register("allgather_matmul", name="broken_backward_allreduce_then_slice", differentiable=True)
+def broken_backward_allreduce_then_slice(lhs, rhs, *, mesh, axis_name):
+    """Right forward ring, right gradients, but ``d_lhs`` by all-reduce + slice in its custom_vjp.
+
+    ``d_lhs`` is a matmul + reduce-scatter; summing the whole ``[M, K]`` on every
+    device and keeping one row block moves twice the bytes, by a collective the
+    math does not need.
+    """
+    validate("broken_backward_allreduce_then_slice", lhs, rhs, mesh, axis_name)
+    forward = functools.partial(good_ring._forward, axis_name=axis_name, bidirectional=False)
+    backward = functools.partial(good_ring._backward, axis_name=axis_name, bidirectional=False)
+
+    @jax.custom_vjp
+    def ring(lhs_block, rhs_block):
+        return forward(lhs_block, rhs_block)
+
+    def ring_bwd(residuals, ct):
+        lhs_block, rhs_block = residuals
+        _, d_rhs = backward(lhs_block, rhs_block, ct)
+        m = lhs_block.shape[0]
+        everyone = lax.psum(local_matmul(ct, rhs_block.T).astype(jnp.float32), axis_name)
+        own_rows = lax.dynamic_slice_in_dim(everyone, lax.axis_index(axis_name) * m, m)
+        return own_rows.astype(lhs_block.dtype), d_rhs
+
+    ring.defvjp(
+        lambda lhs_block, rhs_block: (forward(lhs_block, rhs_block), (lhs_block, rhs_block)), ring_bwd
+    )
+    return jax.shard_map(ring, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
+                         out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip

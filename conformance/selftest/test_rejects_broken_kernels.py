@@ -19,26 +19,34 @@ from pathlib import Path
 
 import pytest
 
-from conformance.selftest import broken_kernels, broken_pallas_kernels
+from conformance.selftest import broken_kernels, broken_matmul_reduce_scatter_kernels, broken_pallas_kernels
 
 pytestmark = pytest.mark.selftest
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKEN_MODULES = "conformance.selftest.broken_kernels,conformance.selftest.broken_pallas_kernels"
-EXPECTED_REJECTION = {**broken_kernels.EXPECTED_REJECTION, **broken_pallas_kernels.EXPECTED_REJECTION}
-EXPECTED_MESSAGE = broken_pallas_kernels.EXPECTED_MESSAGE
+BROKEN = (broken_kernels, broken_pallas_kernels, broken_matmul_reduce_scatter_kernels)
+BROKEN_MODULES = ",".join(module.__name__ for module in BROKEN)
+EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
+EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
 STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_determinism",
                   "test_collectives", "test_cross_lowering", "test_bad_inputs"}  # fmt: skip
-PALLAS_TESTS = STANDARD_TESTS | {"test_races", "test_barrier_protocol"}
+PALLAS = {"test_races", "test_barrier_protocol"}
+AUTODIFF = {"test_gradients", "test_backward_collectives"}
+ACCURACY = {"test_accuracy"}
 #: built-in -> the tests it must have run (and passed)
 BUILTINS = {
-    "xla_allgather_matmul": STANDARD_TESTS,
-    "ring_allgather_matmul_unidirectional": STANDARD_TESTS,
-    "ring_allgather_matmul_bidirectional": STANDARD_TESTS,
-    "xla_all_gather": STANDARD_TESTS,
-    "pallas_ring_all_gather_unidirectional": PALLAS_TESTS,
-    "pallas_ring_all_gather_bidirectional": PALLAS_TESTS,
+    "xla_allgather_matmul": STANDARD_TESTS | AUTODIFF,
+    "ring_allgather_matmul_unidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
+    "ring_allgather_matmul_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
+    "xla_all_gather": STANDARD_TESTS | AUTODIFF,
+    "pallas_ring_all_gather_unidirectional": STANDARD_TESTS | PALLAS | AUTODIFF,
+    "pallas_ring_all_gather_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF,
+    "xla_matmul_reduce_scatter": STANDARD_TESTS | AUTODIFF,
+    "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
+    "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
 }
+#: Test modules of the run that are not per-implementation family tests.
+NON_FAMILY_TESTS = ("test_seed_backward_allreduce",)
 #: a short watchdog: the hanging kernel costs this once
 HANG_TIMEOUT_S = 5
 _ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w-]+?)-(?P<rest>.*)\]$")
@@ -61,6 +69,8 @@ def suite_verdicts(tmp_dir: str) -> dict[str, dict[str, list[tuple[str, str]]]]:
     )
     verdicts: dict[str, dict[str, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))
     for case in ET.parse(report).getroot().iter("testcase"):
+        if case.get("classname", "").endswith(NON_FAMILY_TESTS):
+            continue
         m = _ID.match(case.get("name", ""))
         assert m, f"unexpected test id {case.get('name')!r}"
         failure = case.find("failure")
