@@ -31,6 +31,7 @@ with m == 1 the bottom half is empty and only the leftward ring runs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -119,3 +120,27 @@ def ring_reduce_scatter(
                 owner = lax.rem(me - step - 1 + 2 * n, n)
                 bottom = incoming_bottom + contribution(owner, top_rows, bottom_rows)
     return top if bottom is None else jnp.concatenate([top, bottom], axis=0)
+
+
+def with_ring_vjp(
+    forward: Callable[[jax.Array, jax.Array], jax.Array],
+    backward: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """``forward(lhs, rhs)`` as a ``jax.custom_vjp`` whose pullback is ``backward(lhs, rhs, ct)``.
+
+    The residuals are the operand blocks themselves: a backward ring recomputes
+    what it needs instead of keeping gathered copies alive between the passes.
+    """
+
+    @jax.custom_vjp
+    def ring(lhs_block: jax.Array, rhs_block: jax.Array) -> jax.Array:
+        return forward(lhs_block, rhs_block)
+
+    def ring_fwd(lhs_block: jax.Array, rhs_block: jax.Array) -> tuple[jax.Array, Any]:
+        return forward(lhs_block, rhs_block), (lhs_block, rhs_block)
+
+    def ring_bwd(residuals: Any, ct: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return backward(*residuals, ct)
+
+    ring.defvjp(ring_fwd, ring_bwd)
+    return ring

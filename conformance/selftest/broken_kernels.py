@@ -20,7 +20,7 @@ from jax.experimental import io_callback
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels._ring import ring_perm
+from kernels._ring import ring_perm, with_ring_vjp
 from kernels.allgather_matmul import ring as good_ring
 from kernels.allgather_matmul._common import local_matmul, validate
 
@@ -167,20 +167,13 @@ def broken_backward_allreduce_then_slice(lhs, rhs, *, mesh, axis_name):
     forward = functools.partial(good_ring._forward, axis_name=axis_name, bidirectional=False)
     backward = functools.partial(good_ring._backward, axis_name=axis_name, bidirectional=False)
 
-    @jax.custom_vjp
-    def ring(lhs_block, rhs_block):
-        return forward(lhs_block, rhs_block)
-
-    def ring_bwd(residuals, ct):
-        lhs_block, rhs_block = residuals
+    def allreduce_then_slice(lhs_block, rhs_block, ct):
         _, d_rhs = backward(lhs_block, rhs_block, ct)
         m = lhs_block.shape[0]
         everyone = lax.psum(local_matmul(ct, rhs_block.T).astype(jnp.float32), axis_name)
         own_rows = lax.dynamic_slice_in_dim(everyone, lax.axis_index(axis_name) * m, m)
         return own_rows.astype(lhs_block.dtype), d_rhs
 
-    ring.defvjp(
-        lambda lhs_block, rhs_block: (forward(lhs_block, rhs_block), (lhs_block, rhs_block)), ring_bwd
-    )
+    ring = with_ring_vjp(forward, allreduce_then_slice)
     return jax.shard_map(ring, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
                          out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip

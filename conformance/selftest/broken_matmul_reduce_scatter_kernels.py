@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels._ring import dot, ring_perm, ring_reduce_scatter
+from kernels._ring import dot, ring_perm, ring_reduce_scatter, with_ring_vjp
 from kernels.matmul_reduce_scatter import ring as good_ring
 from kernels.matmul_reduce_scatter._common import validate
 
@@ -106,15 +106,7 @@ def broken_mrs_wrong_custom_vjp_gradient(lhs, rhs, *, mesh, axis_name):
     n = validate("broken_mrs_wrong_custom_vjp_gradient", lhs, rhs, mesh, axis_name)
     forward = functools.partial(good_ring._forward, axis_name=axis_name, bidirectional=False)
 
-    @jax.custom_vjp
-    def ring(lhs_block, rhs_block):
-        return forward(lhs_block, rhs_block)
-
-    def ring_fwd(lhs_block, rhs_block):
-        return forward(lhs_block, rhs_block), (lhs_block, rhs_block)
-
-    def ring_bwd(residuals, ct):
-        lhs_block, rhs_block = residuals
+    def forgets_the_gather(lhs_block, rhs_block, ct):
         m = lhs_block.shape[0] // n
         start = lax.axis_index(axis_name) * m
         own_lhs_rows = lax.dynamic_slice_in_dim(lhs_block, start, m)
@@ -122,5 +114,5 @@ def broken_mrs_wrong_custom_vjp_gradient(lhs, rhs, *, mesh, axis_name):
                                          (start, 0))  # fmt: skip
         return d_lhs, dot(own_lhs_rows.T, ct).astype(rhs_block.dtype)
 
-    ring.defvjp(ring_fwd, ring_bwd)
+    ring = with_ring_vjp(forward, forgets_the_gather)
     return _shard_mapped(ring, lhs, rhs, mesh, axis_name)

@@ -55,7 +55,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels._ring import dot, ring_gather_visit, ring_reduce_scatter
+from kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, with_ring_vjp
 from kernels.allgather_matmul._common import validate
 
 
@@ -99,18 +99,7 @@ def _per_device(
     lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool
 ) -> jax.Array:
     statics = {"axis_name": axis_name, "bidirectional": bidirectional}
-
-    @jax.custom_vjp
-    def ring(lhs_block: jax.Array, rhs_block: jax.Array) -> jax.Array:
-        return _forward(lhs_block, rhs_block, **statics)
-
-    def ring_fwd(lhs_block, rhs_block):
-        return _forward(lhs_block, rhs_block, **statics), (lhs_block, rhs_block)
-
-    def ring_bwd(residuals, ct):
-        return _backward(*residuals, ct, **statics)
-
-    ring.defvjp(ring_fwd, ring_bwd)
+    ring = with_ring_vjp(functools.partial(_forward, **statics), functools.partial(_backward, **statics))
     return ring(lhs_block, rhs_block)
 
 
