@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         for family in specs.FAMILIES:
             print(f"{family}: {specs.get(family).summary}")
             for impl in registry.registered(family):
-                tag = " (baseline)" if impl.baseline else ""
+                traits = [t for t, on in (("baseline", impl.baseline), ("Pallas", impl.pallas),
+                                          ("differentiable", impl.differentiable)) if on]  # fmt: skip
+                tag = f" ({', '.join(traits)})" if traits else ""
                 print(f"  {impl.name}{tag}  [{impl.module}]  {impl.description}")
         return 0
 

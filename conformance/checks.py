@@ -106,8 +106,8 @@ def _compare_shards(
         details.append(f"wrong elements in that shard: {int(bad.sum())} of {bad.size}")
     details.append(f"wrong shards: {len(wrong)} of {len(out.addressable_shards)} "
                    f"(devices {[s.device.id for s, _, _ in wrong]})")  # fmt: skip
-    subject = "values" if what == "out" else f"gradient {what}"
-    raise fail(case, check, f"{subject} differ from the numpy float64 reference", details)
+    subject = "values differ" if what == "out" else f"gradient {what} differs"
+    raise fail(case, check, f"{subject} from the numpy float64 reference", details)
 
 
 def check_values(case: Case) -> None:
