@@ -239,15 +239,24 @@ def check_collectives(case: Case) -> ByteRecord:
     if impl.pallas:
         return record
     bound = spec.max_received_bytes(case.dims_map, n, itemsize)
-    if received is None or received > bound:
-        got = "unbounded (a collective runs in a loop of unknown trip count)" if received is None \
-            else f"{received} bytes"  # fmt: skip
-        raise fail(case, "collectives", "a device receives more than the family allows", [
-            f"bound          : {bound} bytes ({spec.byte_bound_text})",
-            f"received       : {got} per device per call",
-            "collectives in the compiled module:", *ops,
-        ])  # fmt: skip
+    _check_byte_bound(case, "collectives", "a device receives more than the family allows",
+                      received, bound, spec.byte_bound_text, ops)  # fmt: skip
     return record
+
+
+def _check_byte_bound(
+    case: Case, check: str, what: str, received: int | None, bound: int, bound_text: str, ops: list[str]
+) -> None:
+    """Fail ``check`` if a device receives more than ``bound`` bytes per call (or an unknown amount)."""
+    if received is not None and received <= bound:
+        return
+    got = "unbounded (a collective runs in a loop of unknown trip count)" if received is None \
+        else f"{received} bytes"  # fmt: skip
+    raise fail(case, check, what, [
+        f"bound          : {bound} bytes ({bound_text})",
+        f"received       : {got} per device per call",
+        "collectives in the compiled module:", *ops,
+    ])  # fmt: skip
 
 
 def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> None:
@@ -492,14 +501,8 @@ def check_backward_collectives(case: Case) -> ByteRecord:
         raise fail(case, "backward_collectives", what, [
             f"allowed        : {allowed_text} ({spec.backward_byte_bound_text})", *problems,
         ])  # fmt: skip
-    if received is None or received > bound:
-        got = "unbounded (a collective runs in a loop of unknown trip count)" if received is None \
-            else f"{received} bytes"  # fmt: skip
-        raise fail(case, "backward_collectives", "the backward pass receives more than its math needs", [
-            f"bound          : {bound} bytes ({spec.backward_byte_bound_text})",
-            f"received       : {got} per device per call",
-            "collectives in the compiled backward:", *ops,
-        ])  # fmt: skip
+    _check_byte_bound(case, "backward_collectives", "the backward pass receives more than its math needs",
+                      received, bound, spec.backward_byte_bound_text, ops)  # fmt: skip
     return record
 
 
