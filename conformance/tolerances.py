@@ -60,6 +60,16 @@ def matmul_tolerance(lhs: np.ndarray, rhs: np.ndarray, dtype: str) -> np.ndarray
     return gamma(k + 1, dtype) * (np.abs(lhs) @ np.abs(rhs))
 
 
+def matmul_vjp_reference(lhs: np.ndarray, rhs: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of ``lhs @ rhs`` for cotangent ``ct`` (float64): ``(ct @ rhs.T, lhs.T @ ct)``."""
+    return ct @ rhs.T, lhs.T @ ct
+
+
+def matmul_vjp_tolerance(lhs, rhs, ct, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Higham's bound for each gradient: contractions of length N (``d_lhs``) and M (``d_rhs``)."""
+    return matmul_tolerance(ct, rhs.T, dtype), matmul_tolerance(lhs.T, ct, dtype)
+
+
 #: An implementation fails the accuracy check when its rms error exceeds the
 #: baseline's (same inputs, both against float64) by more than this factor.
 ACCURACY_RATIO_LIMIT = 1.25

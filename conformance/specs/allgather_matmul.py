@@ -21,7 +21,6 @@ floats), by collective-permutes only.
 
 from __future__ import annotations
 
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
@@ -48,14 +47,6 @@ def _lhs_bytes_not_held(d: Dims, n: int, itemsize: int) -> int:
 def _backward_bytes(d: Dims, n: int, itemsize: int) -> int:
     """lhs gathered again, plus the reduce-scatter of d_lhs's partials."""
     return (n - 1) * d["rows_per_shard"] * d["K"] * (itemsize + partial_itemsize(itemsize))
-
-
-def _vjp_reference(lhs: np.ndarray, rhs: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return ct @ rhs.T, lhs.T @ ct
-
-
-def _vjp_tolerance(lhs, rhs, ct, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    return tolerances.matmul_tolerance(ct, rhs.T, dtype), tolerances.matmul_tolerance(lhs.T, ct, dtype)
 
 
 def _bad_inputs(n: int) -> tuple[BadInput, ...]:
@@ -101,8 +92,8 @@ ALLGATHER_MATMUL = FamilySpec(
     min_received_bytes=_lhs_bytes_not_held,
     bad_inputs=_bad_inputs,
     byte_bound_text="each device may receive at most (n-1)/n of lhs",
-    vjp_reference=_vjp_reference,
-    vjp_tolerance=_vjp_tolerance,
+    vjp_reference=tolerances.matmul_vjp_reference,
+    vjp_tolerance=tolerances.matmul_vjp_tolerance,
     backward_allowed_collectives=frozenset({"collective-permute"}),
     backward_max_received_bytes=_backward_bytes,
     backward_byte_bound_text="(n-1)/n of lhs plus (n-1)/n of one [M, K] partial of d_lhs",

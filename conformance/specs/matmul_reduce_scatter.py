@@ -21,7 +21,6 @@ the cotangent, ``(n-1)/n`` of it, by collective-permutes.
 
 from __future__ import annotations
 
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
@@ -48,14 +47,6 @@ def _contributions_received(d: Dims, n: int, itemsize: int) -> int:
 def _partials_not_held(d: Dims, n: int, itemsize: int) -> int:
     """The cap: (n-1)/n of one [M, N] partial product, in the partials' dtype."""
     return _contributions_received(d, n, partial_itemsize(itemsize))
-
-
-def _vjp_reference(lhs: np.ndarray, rhs: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return ct @ rhs.T, lhs.T @ ct
-
-
-def _vjp_tolerance(lhs, rhs, ct, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    return tolerances.matmul_tolerance(ct, rhs.T, dtype), tolerances.matmul_tolerance(lhs.T, ct, dtype)
 
 
 def _bad_inputs(n: int) -> tuple[BadInput, ...]:
@@ -101,8 +92,8 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     min_received_bytes=_contributions_received,
     bad_inputs=_bad_inputs,
     byte_bound_text="each device may receive at most (n-1)/n of one [M, N] partial product",
-    vjp_reference=_vjp_reference,
-    vjp_tolerance=_vjp_tolerance,
+    vjp_reference=tolerances.matmul_vjp_reference,
+    vjp_tolerance=tolerances.matmul_vjp_tolerance,
     backward_allowed_collectives=frozenset({"collective-permute"}),
     backward_max_received_bytes=_contributions_received,
     backward_byte_bound_text="one gather of the cotangent: (n-1)/n of it per device",
