@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from conformance import compat, hlo, pallas_protocol, runner
+from conformance import compat, hlo, mosaic, pallas_protocol, runner
 from conformance.runner import Case
 
 
@@ -279,6 +279,49 @@ def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> No
                             + "; ".join(op.describe() for op in bad))  # fmt: skip
     if problems:
         raise fail(case, "cross_lowering", "does not lower cleanly for every target", problems)
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuLayoutRecord:
+    """What ``tpu_layout`` found for one (implementation, dtype, dims): accepted, or refused and why."""
+
+    family: str
+    impl: str
+    dtype: str
+    dims: tuple[tuple[str, int], ...]
+    refusal: str | None
+
+
+TPU_LAYOUT_RECORDS: list[TpuLayoutRecord] = []
+
+
+def check_tpu_layout(case: Case) -> None:
+    """Compiled for a TPU, the kernel refuses the shape naming the constraint, or lowers to DMA
+    windows and buffers a TPU's compiler accepts (:mod:`conformance.mosaic`); at the family's
+    TPU-native dims it must lower."""
+    native = case.spec.tpu_native_dims
+    is_native = bool(native) and case.dims_map == dict(native)
+    try:
+        text = runner.lower_exactly(case, "tpu").as_text()
+    except mosaic.TpuConstraintError as refusal:
+        if is_native:
+            raise fail(case, "tpu_layout", "refuses the family's TPU-native shape, which every buffer "
+                       "fills in whole tiles", [f"refusal: {refusal}"]) from None  # fmt: skip
+        TPU_LAYOUT_RECORDS.append(
+            TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, str(refusal))
+        )
+        return
+    except Exception as e:
+        raise fail(case, "tpu_layout", "lowering for TPU raised instead of refusing with "
+                   "conformance.TpuConstraintError",
+                   [f"{type(e).__name__}: {str(e)[:1500]}"]) from None  # fmt: skip
+    violations = list(dict.fromkeys(v.what for v in mosaic.audit_lowered(text)))
+    if violations:
+        shown = violations[:4] + ([f"... and {len(violations) - 4} more"] if len(violations) > 4 else [])
+        raise fail(case, "tpu_layout", "lowers for TPU to something a TPU compiler refuses (interpret mode "
+                   "cannot see this); refuse such shapes with conformance.TpuConstraintError, or "
+                   "align the windows", shown)  # fmt: skip
+    TPU_LAYOUT_RECORDS.append(TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, None))
 
 
 def check_races(case: Case) -> None:
@@ -586,6 +629,7 @@ def check_accuracy(case: Case) -> AccuracyRecord:
 CHECKS: dict[str, Callable[[Case], object]] = {
     "values": check_values,
     "output_sharding": check_output_sharding,
+    "tpu_layout": check_tpu_layout,
     "dtype": check_dtype,
     "determinism": check_determinism,
     "collectives": check_collectives,

@@ -27,6 +27,8 @@ REPRESENTATIVE_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"))
 BACKWARD_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"), parse_mesh("4x2-x-explicit"))
 #: Accuracy: the longest ring (most partial sums per output) and a 2-D mesh.
 ACCURACY_MESHES = (parse_mesh("8-x-explicit"), parse_mesh("2x4-y-auto"))
+#: TPU layout: the tiling depends on shard shapes, not on the mesh; one ring of 4 shows it.
+TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
 #: Gradient examples per implementation: half the profile's (each is a forward and a backward compile).
 GRADIENT_EXAMPLES = max(1, settings.default.max_examples // 2)
 
@@ -89,7 +91,7 @@ def canonical_case(
     """The family's fixed dims; a Pallas kernel on CPU runs in the adversarial "on_wait" DMA mode."""
     if dma_mode is None and platform == "cpu" and registry.get(family, impl).pallas:
         dma_mode = "on_wait"
-    dims = specs.get(family).canonical_dims
+    dims = strategies.tpu_native(family, impl, platform, dict(specs.get(family).canonical_dims))
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
 
 
@@ -149,6 +151,33 @@ def test_races(family: str, implementation: str, mesh_config: MeshConfig, dma_mo
 def test_barrier_protocol(family: str, implementation: str, mesh_config: MeshConfig) -> None:
     """Pallas kernels: no remote DMA before the barrier (static; interpret mode cannot see it)."""
     run(checks.check_barrier_protocol, canonical_case(family, implementation, "cpu", mesh_config))
+
+
+@pytest.mark.cpu
+@pallas_only
+def test_tpu_layout(family: str, implementation: str, dtype: str) -> None:
+    """Lowered for TPU chips at every tile-edge shape: refused with the constraint named, or
+    lowered to DMA windows and buffers a TPU compiler accepts; the TPU-native shape accepted."""
+    failures = []
+    for dims in strategies.tpu_layout_dims(family):
+        try:
+            checks.check_tpu_layout(Case.make(family, implementation, TPU_LAYOUT_MESH, dims, dtype))
+        except checks.ConformanceFailure as failure:
+            failures.append(str(failure))
+    if failures:
+        more = [f"... and {len(failures) - 3} more shapes"] if len(failures) > 3 else []
+        pytest.fail("\n".join([f"{len(failures)} shape(s) fail:", *failures[:3], *more]), pytrace=False)
+
+
+@pytest.mark.cpu
+@pallas_only
+def test_tpu_native_values(family: str, implementation: str, dtype: str) -> None:
+    """At the TPU-native dims (the DMA windows a chip runs), exact under interpret mode's on_wait DMAs."""
+    dims = specs.get(family).tpu_native_dims or specs.get(family).canonical_dims
+    run(
+        checks.check_values,
+        Case.make(family, implementation, TPU_LAYOUT_MESH, dims, dtype, dma_mode="on_wait"),
+    )
 
 
 @only("differentiable")

@@ -83,6 +83,8 @@ def family(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if not hasattr(metafunc.module, "FAMILY"):
+        return  # only family test modules take the suite's parameters
     names = metafunc.fixturenames
     if "implementation" in names:
         family = metafunc.module.FAMILY
@@ -110,6 +112,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Deselect (not skip) tests with nothing to run, e.g. Pallas checks of a family with no Pallas kernel."""
 
     def has_empty_parameter(item: pytest.Item) -> bool:
+        if not hasattr(getattr(item, "module", None), "FAMILY"):
+            return False
         params = getattr(getattr(item, "callspec", None), "params", {})
         return any(k in params and not isinstance(params[k], str) for k in ("implementation", "dtype"))
 
@@ -158,7 +162,7 @@ def _byte_table(tr, title: str, records: list) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    from conformance.checks import ACCURACY_RECORDS, BACKWARD_BYTE_RECORDS, BYTE_RECORDS
+    from conformance.checks import ACCURACY_RECORDS, BACKWARD_BYTE_RECORDS, BYTE_RECORDS, TPU_LAYOUT_RECORDS
 
     tr = terminalreporter
     _byte_table(tr, "forward: bytes received per device / lower bound (compiled HLO)", BYTE_RECORDS)
@@ -170,3 +174,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         for r in sorted(ACCURACY_RECORDS, key=lambda r: (r.family, r.impl, r.mesh, r.dtype)):
             tr.write_line(f"{r.family:<21} {r.impl:<{width}}  {r.mesh:<13} {r.dtype:<9} "
                           f"{r.rms:.3e} / {r.baseline_rms:.3e} = {r.ratio:.2f}")  # fmt: skip
+    _tpu_layout_table(tr, TPU_LAYOUT_RECORDS)
+
+
+def _tpu_layout_table(tr, records: list) -> None:
+    """Per Pallas kernel and dtype: tile-edge shapes lowered to windows a TPU accepts, and refused."""
+    if not records:
+        return
+    tr.section(
+        "TPU layout (lowered for TPU from this host): shapes accepted / refused with the constraint named"
+    )
+    by_impl: dict[tuple[str, str, str], list] = defaultdict(list)
+    for rec in records:
+        by_impl[(rec.family, rec.impl, rec.dtype)].append(rec)
+    width = max(len(impl) for _, impl, _ in by_impl)
+    for (family, impl, dtype), recs in sorted(by_impl.items()):
+        accepted = ["x".join(str(v) for _, v in r.dims) for r in recs if r.refusal is None]
+        refused = sum(r.refusal is not None for r in recs)
+        tr.write_line(f"{family:<21} {impl:<{width}}  {dtype:<9} accepted {len(accepted)}: "
+                      f"{'; '.join(accepted)}  refused {refused}")  # fmt: skip

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from conformance import compat, registry, specs, tolerances
+from conformance import compat, mosaic, registry, specs, tolerances
 from conformance.specs.base import FamilySpec
 from fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 
@@ -288,18 +288,36 @@ def _unjitted_for_target(case: Case) -> Any:
     return functools.partial(case.implementation.fn, mesh=mesh_of(case), axis_name=case.mesh.axis_name)
 
 
-def lowered_for(case: Case, target: str) -> Any:
+def lower_exactly(case: Case, target: str) -> Any:
     """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"``.
 
-    A Pallas kernel is lowered as the real kernel (no ``interpret``).
+    A Pallas kernel is lowered as the real kernel (no ``interpret``); a shape it
+    refuses on a TPU raises :class:`conformance.mosaic.TpuConstraintError`.
     """
     return compat.lower_for_platform(jax.jit(_unjitted_for_target(case)), abstract_args(case), target)
 
 
+def tpu_lowerable(case: Case, target: str, lower: Any) -> Any:
+    """``lower(case)``; if a Pallas kernel refuses the case's shape on a TPU, ``lower`` at the
+    family's TPU-native dims instead (the refusal itself is the ``tpu_layout`` check's business)."""
+    try:
+        return lower(case)
+    except mosaic.TpuConstraintError:
+        native = case.spec.tpu_native_dims
+        if target != "tpu" or not native or case.dims_map == dict(native):
+            raise
+        return lower(dataclasses.replace(case, dims=tuple((k, int(native[k])) for k in case.spec.dims)))
+
+
+def lowered_for(case: Case, target: str) -> Any:
+    """:func:`lower_exactly`, at the TPU-native dims where a Pallas kernel refuses the case's on a TPU."""
+    return tpu_lowerable(case, target, lambda c: lower_exactly(c, target))
+
+
 def lowered_pullback_for(case: Case, target: str) -> Any:
     """``case``'s VJP lowered for another backend (what that backend's compiler is given)."""
-    return compat.lower_for_platform(pullback_of(_unjitted_for_target(case)),
-                                     abstract_pullback_args(case), target)  # fmt: skip
+    return tpu_lowerable(case, target, lambda c: compat.lower_for_platform(
+        pullback_of(_unjitted_for_target(c)), abstract_pullback_args(c), target))  # fmt: skip
 
 
 #: Seconds a Pallas kernel may run in interpret mode before the watchdog stops it.

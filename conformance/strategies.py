@@ -44,6 +44,28 @@ def dims(family: str) -> st.SearchStrategy[dict[str, int]]:
     return st.fixed_dictionaries({d: st.sampled_from(DIM_VALUES[d]) for d in spec.dims})
 
 
+def tpu_layout_dims(family: str) -> list[dict[str, int]]:
+    """Shapes at a TPU's tile edges: the family's TPU-native dims, then each dim moved alone
+    to every other value of :data:`DIM_VALUES` (1 row, odd rows, narrow lanes).
+
+    A Pallas kernel compiled for a TPU must accept the first and, for each of the
+    others, either refuse it naming the constraint or lower to windows a TPU accepts.
+    """
+    native = dict(specs.get(family).tpu_native_dims or {})
+    shapes = [native]
+    for dim, value in native.items():
+        shapes += [{**native, dim: v} for v in DIM_VALUES[dim] if v != value]
+    return shapes
+
+
+def tpu_native(family: str, impl: str, platform: str, dims: dict[str, int]) -> dict[str, int]:
+    """``dims``, or the family's TPU-native dims for a Pallas kernel compiled for TPU chips."""
+    native = specs.get(family).tpu_native_dims
+    if platform == "tpu" and native and registry.get(family, impl).pallas:
+        return dict(native)
+    return dims
+
+
 def family_dtypes(family: str) -> st.SearchStrategy[str]:
     return st.sampled_from(specs.get(family).dtypes)
 
@@ -54,7 +76,7 @@ def draw_case(
     """Draw a whole case with labelled draws (hypothesis prints each label on failure)."""
     mesh = data.draw(mesh_configs(platform), label="mesh")
     dtype = data.draw(st.sampled_from(dtypes) if dtypes else family_dtypes(family), label="dtype")
-    drawn = data.draw(dims(family), label="dims")
+    drawn = tpu_native(family, impl, platform, data.draw(dims(family), label="dims"))
     seed = data.draw(st.integers(0, 2**16), label="seed")
     dma_mode = None
     if registry.get(family, impl).pallas and platform == "cpu":

@@ -17,6 +17,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
+from kernels.all_gather.pallas_ring import pallas_ring_all_gather_bidirectional
 
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_seed_shared_semaphores": "test_races",
@@ -24,9 +25,13 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_skips_final_dma_wait": "test_races",
     "broken_pallas_no_barrier": "test_barrier_protocol",
     "broken_pallas_waits_for_missing_signal": "test_values",
+    "broken_pallas_untiled_halves": "test_tpu_layout",
+    "broken_pallas_refuses_every_tpu_shape": "test_tpu_layout",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_waits_for_missing_signal": "did not finish within",
+    "broken_pallas_untiled_halves": "must be aligned to tiles",
+    "broken_pallas_refuses_every_tpu_shape": "refuses the family's TPU-native shape",
 }
 
 
@@ -125,3 +130,20 @@ _register("broken_pallas_no_barrier",
 _register("broken_pallas_waits_for_missing_signal",
           "waits for three barrier signals when only two neighbours send one",
           barrier_expect=3)  # fmt: skip
+_register("broken_pallas_untiled_halves",
+          "a correct ring that ignores TPU tiling: ceil/floor halves of every shard, no refusal; "
+          "exact under interpret mode, refused by a TPU's compiler")  # fmt: skip
+
+
+@conformance.register(
+    "all_gather",
+    name="broken_pallas_refuses_every_tpu_shape",
+    pallas=True,
+    description="refuses every shape when compiled for a TPU, tile-aligned ones too",
+)
+def broken_pallas_refuses_every_tpu_shape(x, *, mesh, axis_name, interpret=False):
+    if not interpret:
+        raise conformance.TpuConstraintError(
+            "broken_pallas_refuses_every_tpu_shape: no TPU shape is supported"
+        )
+    return pallas_ring_all_gather_bidirectional(x, mesh=mesh, axis_name=axis_name, interpret=interpret)

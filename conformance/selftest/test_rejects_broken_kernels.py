@@ -30,7 +30,7 @@ EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJE
 EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
 STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_determinism",
                   "test_collectives", "test_cross_lowering", "test_bad_inputs"}  # fmt: skip
-PALLAS = {"test_races", "test_barrier_protocol"}
+PALLAS = {"test_races", "test_barrier_protocol", "test_tpu_layout", "test_tpu_native_values"}
 AUTODIFF = {"test_gradients", "test_backward_collectives"}
 ACCURACY = {"test_accuracy"}
 #: built-in -> the tests it must have run (and passed)

@@ -99,4 +99,5 @@ ALLGATHER_MATMUL = FamilySpec(
     backward_byte_bound_text="(n-1)/n of lhs plus (n-1)/n of one [M, K] partial of d_lhs",
     accuracy_dtypes=("bfloat16", "float16"),
     accuracy_dims={"rows_per_shard": 16, "K": 32, "cols_per_shard": 16},
+    tpu_native_dims={"rows_per_shard": 32, "K": 128, "cols_per_shard": 128},
 )

@@ -90,6 +90,13 @@ class FamilySpec:
     #: Dims for the accuracy check: enough output elements for a stable error statistic.
     accuracy_dims: Mapping[str, int] | None = None
 
+    # -- TPU layout: what a Pallas kernel compiled for TPU chips must accept
+    #: Dims at which every buffer fills whole TPU tiles for every dtype of the
+    #: family (rows a multiple of 32, the int8 sublane tile; lanes a multiple of
+    #: 128). A Pallas kernel may refuse other shapes on a TPU (naming the
+    #: constraint) but must accept these; ``pytest -m tpu`` runs Pallas kernels here.
+    tpu_native_dims: Mapping[str, int] | None = None
+
     @property
     def differentiable(self) -> bool:
         return self.vjp_reference is not None

@@ -99,4 +99,5 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     backward_byte_bound_text="one gather of the cotangent: (n-1)/n of it per device",
     accuracy_dtypes=("bfloat16", "float16"),
     accuracy_dims={"rows_per_shard": 16, "k_per_shard": 4, "cols": 64},
+    tpu_native_dims={"rows_per_shard": 32, "k_per_shard": 128, "cols": 128},
 )

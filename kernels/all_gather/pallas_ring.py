@@ -4,11 +4,12 @@ Algorithm. ``x`` is sharded by rows over a ring of n devices. Each device first
 copies its own shard into slot ``me`` of its output ``o[n, m, ...]``. Then, for
 n - 1 steps, it forwards the slot it received last step to its neighbour, so
 after step s device d holds the shards of d, d-1, ..., d-s. The bidirectional
-ring cuts every shard in two, sends the top ``ceil(m/2)`` rows rightwards
-(d -> d+1) and the bottom ``floor(m/2)`` rows leftwards (d -> d-1), so both
-directions of every link carry data at once. An odd m is exact: the halves are
-``ceil`` and ``floor``, never ``m // 2`` twice (which drops the last row); with
-m == 1 the bottom half is empty and only the rightward ring runs.
+ring cuts every shard in two, sends the top part rightwards (d -> d+1) and the
+bottom part leftwards (d -> d-1), so both directions of every link carry data
+at once. The cut is ``ceil(m/2)`` / ``floor(m/2)`` rows, or a tile boundary on
+a TPU (see "TPU layout"). An odd m is exact: never ``m // 2`` twice (which
+drops the last row); with m == 1 the bottom part is empty and only the
+rightward ring runs.
 
 Synchronisation, and why it is race-free:
 
@@ -42,12 +43,24 @@ mixing it with constants fails ("Primitive add requires varying manual axes to
 match"), although lowering for a TPU works. README, "Backward passes without
 defensive all-reduces", gives both recipes.
 
+TPU layout. A TPU stores each buffer in tiles over its two minor dims: 128
+lanes by a sublane tile of 1 to 32 rows that depends on the dtype and the row
+count (``conformance.mosaic``), and its compiler refuses a DMA window that does
+not start and end on tile boundaries. Interpret mode has no tiles, so this is
+invisible on CPU. Hence the windows: for a 2-D shard that fills whole tiles the
+bidirectional split falls on a tile boundary (``row_split``; one tile goes one
+way whole). Compiled for a TPU (``interpret`` left out), the kernel refuses
+with ``conformance.TpuConstraintError`` naming the tile what a chip cannot
+run: a shard whose minor dims do not fill whole tiles (odd rows, fewer than
+128 columns), a 1-D shard, and bool or 64-bit elements. Under interpret mode
+every shape runs, odd and 1-row shards split ``ceil``/``floor``.
+
 Limits. One mesh axis per call; the other axes of a 2-D mesh are replicated and
 addressed by their own coordinates. Input and output stay in HBM (``pl.ANY``)
-and are touched only by DMAs, so the kernel sets no VMEM tiling constraint of
-its own; it uses 4(n-1) + 1 DMA semaphores and one barrier semaphore
-(``collective_id=0``). On CPU it runs under TPU interpret mode; its behaviour
-on TPU chips is covered by ``pytest -m tpu`` (lowering is checked from CPU).
+and are touched only by DMAs (no VMEM, so no VMEM capacity limit); the kernel
+uses 4(n-1) + 1 DMA semaphores and one barrier semaphore (``collective_id=0``).
+On CPU it runs under TPU interpret mode; the suite audits the windows it lowers
+to for TPU from CPU, and ``pytest -m tpu`` runs it compiled on chips.
 """
 
 from __future__ import annotations
@@ -56,12 +69,14 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
+from conformance import mosaic
 from kernels.all_gather._common import validate
 
 
@@ -81,15 +96,19 @@ def _ring_kernel(
     *,
     axis_name: str,
     mesh_axes: tuple[str, ...],
-    bidirectional: bool,
+    right_rows: int,
+    left_rows: int,
 ) -> None:
     n = lax.axis_size(axis_name)
     me = lax.axis_index(axis_name)
-    rows = x_ref.shape[0]
-    right_rows = (rows + 1) // 2 if bidirectional else rows  # ceil: top half
-    left_rows = rows - right_rows  # floor: bottom half (0 when unidirectional or rows == 1)
-    right = _neighbour(mesh_axes, axis_name, lax.rem(me + 1, n))
-    left = _neighbour(mesh_axes, axis_name, lax.rem(me + n - 1, n))
+    # Ring arithmetic in int32, the type of axis_index (a bare Python int would
+    # become int64 under jax_enable_x64, and lax.rem refuses mixed types).
+
+    def ring(index: jax.Array) -> jax.Array:
+        return lax.rem(index, jnp.int32(n))
+
+    right = _neighbour(mesh_axes, axis_name, ring(me + 1))
+    left = _neighbour(mesh_axes, axis_name, ring(me + n - 1))
 
     with jax.named_scope("own_shard"):
         own = pltpu.make_async_copy(x_ref, o_ref.at[me], copy_sem)
@@ -104,12 +123,14 @@ def _ring_kernel(
         pl.semaphore_wait(barrier, 2)
 
     def send(step: int, slot: jax.Array, first: int, count: int, peer, send_sems, recv_sems):
-        window = o_ref.at[slot, pl.ds(first, count)]
+        # Static indices as int32 too: under jax_enable_x64 a Python int would
+        # lower as i64, which Mosaic's slices do not take.
+        window = o_ref.at[slot, pl.ds(jnp.int32(first), count)]
         dma = pltpu.make_async_remote_copy(
             window,
             window,
-            send_sems.at[step],  # signalled here when the data has left
-            recv_sems.at[step],  # signalled on `peer` when it has arrived: this step's only
+            send_sems.at[jnp.int32(step)],  # signalled here when the data has left
+            recv_sems.at[jnp.int32(step)],  # signalled on `peer` when it has arrived: this step's only
             device_id=peer,
             device_id_type=pl.DeviceIdType.MESH,
         )
@@ -125,10 +146,10 @@ def _ring_kernel(
                 sent[-1][0].wait_recv()
                 if left_rows:
                     sent[-1][1].wait_recv()
-            to_right = send(step, lax.rem(me - step + n, n), 0, right_rows, right, send_right, recv_right)
+            to_right = send(step, ring(me - step + n), 0, right_rows, right, send_right, recv_right)
             to_left = None
             if left_rows:
-                to_left = send(step, lax.rem(me + step, n), right_rows, left_rows, left, send_left, recv_left)
+                to_left = send(step, ring(me + step), right_rows, left_rows, left, send_left, recv_left)
             sent.append((to_right, to_left))
 
     with jax.named_scope("drain"):
@@ -142,15 +163,71 @@ def _ring_kernel(
                 to_left.wait_send()
 
 
+def row_split(shard_shape: tuple[int, ...], dtype: Any, *, bidirectional: bool) -> tuple[int, int]:
+    """Rows of each shard sent rightwards and leftwards (the second is 0 for a one-way ring).
+
+    Both windows must be whole tiles on a TPU (module docstring, "TPU layout"),
+    so a 2-D shard that fills whole tiles is split at a tile boundary: the
+    rightward part gets ``ceil(tiles / 2)`` tiles. A shard of one tile goes
+    rightwards whole. Otherwise (rows are not a tiled dim, or interpret mode
+    with a shard a TPU would refuse) the split is ``ceil(m/2)`` / ``floor(m/2)``
+    rows: never ``m // 2`` twice, which drops the last row of an odd shard.
+    """
+    rows = shard_shape[0]
+    if not bidirectional:
+        return rows, 0
+    quantum = 1
+    if len(shard_shape) == 2 and mosaic.tile_aligned(shard_shape, dtype):
+        quantum = max(tile[0] for tile in mosaic.tiles(shard_shape, mosaic.bitwidth(dtype)))
+    right = quantum * (-(-(rows // quantum) // 2))
+    return right, rows - right
+
+
+def refuse_what_a_tpu_cannot_do(name: str, shard_shape: tuple[int, ...], dtype: Any) -> None:
+    """``TpuConstraintError`` naming the constraint, for a shard a TPU's compiler would refuse.
+
+    Called only when the kernel is compiled for a TPU; interpret mode has no
+    layouts and runs every shape.
+    """
+    width = mosaic.bitwidth(dtype)
+    if jnp.dtype(dtype) == jnp.bool_ or width not in mosaic.SUPPORTED_BITWIDTHS:
+        raise mosaic.TpuConstraintError(
+            f"{name}: {jnp.dtype(dtype).name} shards cannot be DMA'd on a TPU (Mosaic moves element "
+            f"widths of {'/'.join(map(str, mosaic.SUPPORTED_BITWIDTHS))} bits, and not bool); cast x first"
+        )
+    if len(shard_shape) < 2:
+        raise mosaic.TpuConstraintError(
+            f"{name}: a 1-D shard {shard_shape} on a TPU would put the ring's slot index on a tiled dim "
+            "of the output buffer, where DMA windows must start on a tile boundary; give x a trailing dim "
+            "that is a multiple of 128"
+        )
+    minor = shard_shape[-2:]
+    if not mosaic.tile_aligned(minor, dtype):
+        need = " or ".join(str(tile) for tile in mosaic.tiles(minor, width))
+        raise mosaic.TpuConstraintError(
+            f"{name}: on a TPU the shard's two minor dims {minor} ({jnp.dtype(dtype).name}) must fill "
+            f"whole {need} tiles, the HBM layout Mosaic gives them; DMA windows that are not tile-aligned "
+            "are refused by the TPU compiler. Pad x to whole tiles, or run it under interpret mode"
+        )
+
+
 def _all_gather(
     x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any, bidirectional: bool, name: str
 ) -> jax.Array:
     n = validate(name, x, mesh, axis_name)
+    shard_shape = (x.shape[0] // n, *x.shape[1:])
+    if not interpret:
+        refuse_what_a_tpu_cannot_do(name, shard_shape, x.dtype)
     if n == 1:
         return x
     steps = n - 1
+    right_rows, left_rows = row_split(shard_shape, x.dtype, bidirectional=bidirectional)
     kernel = functools.partial(
-        _ring_kernel, axis_name=axis_name, mesh_axes=tuple(mesh.axis_names), bidirectional=bidirectional
+        _ring_kernel,
+        axis_name=axis_name,
+        mesh_axes=tuple(mesh.axis_names),
+        right_rows=right_rows,
+        left_rows=left_rows,
     )
 
     def per_device(shard: jax.Array) -> jax.Array:

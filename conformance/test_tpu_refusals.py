@@ -1,0 +1,138 @@
+"""The TPU layout model, and what the built-in Pallas ring refuses when compiled for TPU chips.
+
+:mod:`conformance.mosaic` models the tiles a TPU's compiler gives each buffer;
+its numbers are pinned here against the tilings XLA documents for TPU arrays
+(f32 ``T(8,128)``, bf16 ``T(16,128)``, int8 ``T(32,128)``, small arrays a
+smaller power of two). The built-in ring must refuse, naming the constraint,
+every input a chip cannot run, and must lower under ``jax_enable_x64`` (its ring
+arithmetic stays in int32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from conformance import compat, mosaic
+from fixtures.meshes import build_mesh, parse_mesh
+from kernels.all_gather.pallas_ring import (
+    pallas_ring_all_gather_bidirectional,
+    pallas_ring_all_gather_unidirectional,
+    row_split,
+)
+
+pytestmark = pytest.mark.cpu
+
+RINGS = (pallas_ring_all_gather_bidirectional, pallas_ring_all_gather_unidirectional)
+
+
+@pytest.mark.parametrize(
+    ("rows", "dtype", "large_tiling", "tile"),
+    [
+        (256, "float32", False, 8), (256, "float32", True, 8),
+        (256, "bfloat16", False, 8), (256, "bfloat16", True, 16),
+        (256, "int8", False, 8), (256, "int8", True, 32),
+        (1, "float32", False, 1), (3, "float32", False, 4), (5, "float32", False, 8),
+        (1, "bfloat16", False, 2), (1, "int8", False, 4), (2, "int8", True, 4),
+    ],
+)  # fmt: skip
+def test_second_minor_tile_matches_xla_tpu_tilings(
+    rows: int, dtype: str, large_tiling: bool, tile: int
+) -> None:
+    got = mosaic.second_minor_tile(rows, mosaic.bitwidth(dtype), large_tiling=large_tiling)
+    assert got == tile, f"{dtype}[{rows},128] large_tiling={large_tiling}: tile rows {got}, expected {tile}"
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "aligned"),
+    [((8, 128), "float32", True), ((16, 256), "bfloat16", True), ((8, 128), "bfloat16", True),
+     ((24, 128), "bfloat16", False), ((3, 128), "float32", False), ((8, 64), "float32", False),
+     ((32, 128), "int8", True), ((16, 128), "int8", True), ((40, 128), "int8", False)],
+)  # fmt: skip
+def test_tile_aligned(shape: tuple[int, int], dtype: str, aligned: bool) -> None:
+    assert mosaic.tile_aligned(shape, dtype) is aligned
+
+
+@pytest.mark.parametrize(
+    ("rows", "dtype", "split"),
+    [(5, "float32", (3, 2)), (1, "float32", (1, 0)), (8, "float32", (8, 0)), (24, "float32", (16, 8)),
+     (96, "int8", (64, 32)), (96, "bfloat16", (48, 48)), (3, "int8", (2, 1))],
+)  # fmt: skip
+def test_bidirectional_split_is_tile_aligned_where_the_shard_is(rows: int, dtype: str, split: tuple) -> None:
+    assert row_split((rows, 128), dtype, bidirectional=True) == split
+    assert row_split((rows, 128), dtype, bidirectional=False) == (rows, 0)
+
+
+def _lower_for_tpu(kernel, shape: tuple[int, ...], dtype) -> str:
+    mesh = build_mesh(parse_mesh("4-x-explicit"))
+    x = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("x")))
+    fn = jax.jit(lambda x: kernel(x, mesh=mesh, axis_name="x"))
+    return compat.lower_for_platform(fn, (x,), "tpu").as_text()
+
+
+@pytest.mark.parametrize("kernel", RINGS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize(
+    ("shape", "dtype", "named"),
+    [((12, 128), jnp.float32, "(4, 128) tiles"), ((32, 64), jnp.float32, "(8, 128) tiles"),
+     ((32, 128), jnp.bool_, "bool"), ((512,), jnp.float32, "1-D shard")],
+)  # fmt: skip
+def test_ring_refuses_what_a_tpu_cannot_run(kernel, shape: tuple[int, ...], dtype, named: str) -> None:
+    with pytest.raises(mosaic.TpuConstraintError, match=r".*") as refusal:
+        _lower_for_tpu(kernel, shape, dtype)
+    assert kernel.__name__ in str(refusal.value) and named in str(refusal.value), str(refusal.value)
+
+
+@contextlib.contextmanager
+def _x64() -> Iterator[None]:
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+@pytest.mark.parametrize("kernel", RINGS, ids=lambda k: k.__name__)
+def test_ring_lowers_under_x64_and_refuses_64_bit_elements(kernel) -> None:
+    with _x64():
+        text = _lower_for_tpu(kernel, (4 * 32, 128), jnp.float32)
+        assert not mosaic.audit_lowered(text)
+        with pytest.raises(mosaic.TpuConstraintError, match=r"64-bit|float64") as refusal:
+            _lower_for_tpu(kernel, (4 * 32, 128), jnp.float64)
+    assert "32 bits" in str(refusal.value)
+
+
+def test_audit_reports_a_64_bit_buffer_and_a_misaligned_window() -> None:
+    """The audit itself, on a bare Pallas copy that neither refuses nor aligns."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def copy_rows(x_ref, o_ref, sem):
+        dma = pltpu.make_async_copy(x_ref.at[pl.ds(1, 4)], o_ref.at[pl.ds(0, 4)], sem)
+        dma.start()
+        dma.wait()
+
+    def lowered(dtype) -> str:
+        call = pl.pallas_call(
+            copy_rows,
+            out_shape=jax.ShapeDtypeStruct((8, 128), dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )
+        return compat.lower_for_platform(
+            jax.jit(call), (jax.ShapeDtypeStruct((8, 128), dtype),), "tpu"
+        ).as_text()
+
+    found = [v.what for v in mosaic.audit_lowered(lowered(jnp.float32))]
+    assert any("start along dim 0 (1)" in v and "(8, 128) tile" in v for v in found), found
+    assert any("size along dim 0 (4)" in v for v in found), found
+    with _x64():
+        found = [v.what for v in mosaic.audit_lowered(lowered(jnp.float64))]
+    assert any("f64" in v and "element widths" in v for v in found), found
