@@ -299,12 +299,10 @@ def check_tpu_layout(case: Case) -> None:
     """Compiled for a TPU, the kernel refuses the shape naming the constraint, or lowers to DMA
     windows and buffers a TPU's compiler accepts (:mod:`conformance.mosaic`); at the family's
     TPU-native dims it must lower."""
-    native = case.spec.tpu_native_dims
-    is_native = bool(native) and case.dims_map == dict(native)
     try:
         text = runner.lower_exactly(case, "tpu").as_text()
     except mosaic.TpuConstraintError as refusal:
-        if is_native:
+        if case.at_tpu_native_dims:
             raise fail(case, "tpu_layout", "refuses the family's TPU-native shape, which every buffer "
                        "fills in whole tiles", [f"refusal: {refusal}"]) from None  # fmt: skip
         TPU_LAYOUT_RECORDS.append(

@@ -78,6 +78,12 @@ class Case:
         return dict(self.dims)
 
     @property
+    def at_tpu_native_dims(self) -> bool:
+        """Whether the dims are the family's TPU-native ones (which a Pallas kernel must accept)."""
+        native = self.spec.tpu_native_dims
+        return bool(native) and self.dims_map == dict(native)
+
+    @property
     def operand_shapes(self) -> tuple[tuple[int, ...], ...]:
         n = self.mesh.axis_size
         return tuple(op.shape(self.dims_map, n) for op in self.spec.operands)
@@ -303,9 +309,9 @@ def tpu_lowerable(case: Case, target: str, lower: Any) -> Any:
     try:
         return lower(case)
     except mosaic.TpuConstraintError:
-        native = case.spec.tpu_native_dims
-        if target != "tpu" or not native or case.dims_map == dict(native):
+        if target != "tpu" or not case.spec.tpu_native_dims or case.at_tpu_native_dims:
             raise
+        native = case.spec.tpu_native_dims
         return lower(dataclasses.replace(case, dims=tuple((k, int(native[k])) for k in case.spec.dims)))
 
 

@@ -46,7 +46,7 @@ BUILTINS = {
     "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
 }
 #: Test modules of the run that are not per-implementation family tests.
-NON_FAMILY_TESTS = ("test_seed_backward_allreduce",)
+NON_FAMILY_TESTS = ("test_seed_backward_allreduce", "test_tpu_refusals")
 #: a short watchdog: the hanging kernel costs this once
 HANG_TIMEOUT_S = 5
 _ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w-]+?)-(?P<rest>.*)\]$")
