@@ -144,3 +144,13 @@ def abort_interpreted_kernel(reason: str) -> None:
             sem.counts += 1 << 30
             sem.cv.notify_all()
     shared.barrier.abort()
+
+
+def mlir_isa(kind: Any, thing: Any) -> bool:
+    """``isinstance`` for MLIR types and attributes.
+
+    A static ``kind.isinstance(thing)`` in the MLIR bindings of JAX 0.6; Python's
+    ``isinstance`` in newer ones, which downcast types themselves.
+    """
+    static = getattr(kind, "isinstance", None)
+    return static(thing) if static is not None else isinstance(thing, kind)

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from conformance import compat
+
 #: Lanes of a TPU vector register, and sublanes (rows of 32-bit words).
 LANES: int = 128
 SUBLANES: int = 8
@@ -177,16 +179,10 @@ def _walk(op: Any) -> Iterator[Any]:
 # -- the rules ------------------------------------------------------------------------------------------
 
 
-def _isa(kind: Any, thing: Any) -> bool:
-    """``isinstance`` for MLIR types/attributes: a static method in older bindings, Python's in newer."""
-    static = getattr(kind, "isinstance", None)
-    return static(thing) if static is not None else isinstance(thing, kind)
-
-
 def _memref(value_type: Any) -> tuple[tuple[int, ...], Any, str] | None:
     from jax._src.lib.mlir import ir
 
-    if not _isa(ir.MemRefType, value_type):
+    if not compat.mlir_isa(ir.MemRefType, value_type):
         return None
     memref = ir.MemRefType(value_type)
     space = str(memref.memory_space) if memref.memory_space is not None else ""
@@ -198,7 +194,7 @@ def _element_width(element_type: Any) -> int | None:
     from jax._src.lib.mlir import ir
 
     for kind in (ir.IntegerType, ir.FloatType):
-        if _isa(kind, element_type):
+        if compat.mlir_isa(kind, element_type):
             return kind(element_type).width
     return None
 
@@ -215,7 +211,7 @@ def _divisible(value: Any, divisor: int, fuel: int = 64) -> bool:
     name = _name(op)
     if name == "arith.constant":
         attr = op.attributes["value"]
-        return _isa(ir.IntegerAttr, attr) and ir.IntegerAttr(attr).value % divisor == 0
+        return compat.mlir_isa(ir.IntegerAttr, attr) and ir.IntegerAttr(attr).value % divisor == 0
     if name == "tpu.assume_multiple":
         return ir.IntegerAttr(op.attributes["multiple"]).value % divisor == 0
     if name == "arith.muli":
