@@ -18,16 +18,31 @@ Bytes received per device follow the usual algorithm-independent accounting:
 * all-gather: ``result - operand`` (everything but one's own piece);
 * reduce-scatter and all-to-all: ``(g-1)/g`` of the operand, for group size g;
 * all-reduce: ``2 (g-1)/g`` of the operand (reduce-scatter then all-gather).
+
+Replica groups come in every form the supported XLAs print, each expanded to
+explicit device-id groups: the list ``{{0,1},{2,3}}``, the iota form
+``[4,2]<=[2,4]T(1,0)``, and the mesh-axes form ``mesh['x'=4,'y'=2] {'y'}``
+(with sub-axes ``{'x':(2)4}`` and ``, device_ids=(...)``), which XLA prints
+from JAX 0.10 for partitioner-made collectives and from 0.12 for all of them;
+in StableHLO, ``dense<...>`` and ``#stablehlo.replica_group_mesh_axes<...>``
+over an ``sdy.mesh``. Groups are read in the op's mode (cross-replica,
+cross-partition, both, or flattened ids) and the module's replica and partition
+counts, so an empty ``{}`` becomes the group it stands for. Text in a form not
+listed here raises :class:`HloParseError` quoting it: a parser that guessed, or
+returned no groups, would let the audit measure less than it says.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 #: Collective opcodes as HLO spells them (async forms add ``-start``/``-done``).
 COLLECTIVE_KINDS = frozenset(
@@ -49,6 +64,18 @@ _DTYPE_BITS = {
     "f8e5m2fnuz": 8, "f8e4m3b11fnuz": 8, "f8e3m4": 8, "f4e2m1fn": 4, "f8e8m0fnu": 8,
     "token": 0,
 }  # fmt: skip
+
+
+class HloParseError(ValueError):
+    """HLO or StableHLO text in a form this parser does not know; the message quotes the text."""
+
+
+def _unknown(what: str, text: str) -> HloParseError:
+    return HloParseError(
+        f"conformance.hlo cannot read {what} {text!r}: a form it does not know (a newer XLA may print "
+        "it differently); it refuses rather than guess. Teach conformance/hlo.py the form, with the "
+        "verbatim line as a self-test."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +193,10 @@ _INSTRUCTION = re.compile(
     r"(?P<opcode>[a-z][a-z0-9\-]*)\((?P<rest>.*)$"
 )
 _ARRAY = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[0-9,]*)\]")
-_PAIRS = re.compile(r"source_target_pairs=\{(?P<body>[0-9,{}\s]*)\}")
-_GROUPS = re.compile(r"replica_groups=(?P<body>\{[0-9,{}\s]*\}|\[[0-9,]+\]<=\[[0-9,]+\](?:T\([0-9,]+\))?)")
 _CALLEE = re.compile(r"\b(?:body|condition|calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)"?')
+_HEADER_COUNT = re.compile(r"\b(?P<key>replica_count|num_partitions)=(?P<n>\d+)")
 
 
 def _shapes(type_text: str) -> tuple[Shape, ...]:
@@ -212,33 +238,204 @@ def _operand_names(operands: str) -> list[str]:
     return names
 
 
-def _nested_ints(body: str) -> tuple[tuple[int, ...], ...]:
-    return tuple(
-        tuple(int(x) for x in group.split(",") if x.strip()) for group in re.findall(r"\{([0-9,\s]*)\}", body)
-    )
+def _attribute(attrs: str, key: str) -> str | None:
+    """The text of attribute ``key=``, up to the next top-level ``, name=`` (brackets, quotes balanced)."""
+    m = re.search(rf"(?:^|[\s,]){re.escape(key)}=", attrs)
+    if not m:
+        return None
+    depth, quote, i = 0, False, m.end()
+    while i < len(attrs):
+        ch = attrs[i]
+        if ch == "'":
+            quote = not quote
+        elif not quote and ch in "({[":
+            depth += 1
+        elif not quote and ch in ")}]":
+            depth -= 1
+        elif not quote and ch == "," and depth == 0:
+            nxt = re.match(r",\s*([a-z_]+)=", attrs[i:])
+            if nxt and nxt[1] != "device_ids":
+                break
+        i += 1
+    return attrs[m.end() : i].strip()
 
 
-def _iota_groups(text: str) -> tuple[tuple[int, ...], ...]:
-    """Expand the compact ``[G,S]<=[dims]T(perm)`` replica-group form."""
-    m = re.match(r"\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", text)
-    assert m, text
-    out_dims = [int(x) for x in m[1].split(",")]
-    src_dims = [int(x) for x in m[2].split(",")]
-    ids = list(range(math.prod(src_dims)))
-    if m[3]:
-        perm = [int(x) for x in m[3].split(",")]
-        strides = [math.prod(src_dims[i + 1 :]) for i in range(len(src_dims))]
-        new_dims = [src_dims[p] for p in perm]
-        ids = []
-        for flat in range(math.prod(new_dims)):
-            idx, rem = [], flat
-            for d in reversed(new_dims):
-                idx.append(rem % d)
-                rem //= d
-            idx.reverse()
-            ids.append(sum(idx[k] * strides[perm[k]] for k in range(len(perm))))
-    size = out_dims[-1]
-    return tuple(tuple(ids[i : i + size]) for i in range(0, len(ids), size))
+# ----------------------------------------------------------------------------- replica groups
+
+Groups = tuple[tuple[int, ...], ...]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _rows(ids: np.ndarray, size: int) -> Groups:
+    return tuple(tuple(int(i) for i in row) for row in ids.reshape(-1, size))
+
+
+_EXPLICIT = re.compile(r"\{\s*(?:\{[0-9,\s]*\}\s*(?:,\s*\{[0-9,\s]*\}\s*)*)?\}")
+_IOTA = re.compile(r"\[(?P<shape>\d+(?:,\d+)*)\]<=\[(?P<dims>\d+(?:,\d+)*)\](?:T\((?P<perm>\d+(?:,\d+)*)\))?")
+_MESH = re.compile(
+    r"mesh\[(?P<axes>[^\]]*)\](?:,\s*device_ids=\((?P<ids>[^()]*(?:\([^()]*\))?)\))?\s*\{(?P<grouped>[^}]*)\}"
+)  # device_ids=(...) may hold an iota's T(...): matched here so that the refusal can name it
+_MESH_AXIS = re.compile(r"\s*'?(?P<name>[^'=,\s]+)'?=(?P<size>\d+)\s*")
+_AXIS_REF = re.compile(r"\s*'?(?P<name>[^':,\s]+)'?(?::\((?P<pre>\d+)\)(?P<size>\d+))?\s*")
+
+
+def _iota_groups(text: str) -> Groups:
+    """Expand the iota form ``[G,S]<=[dims]T(perm)``: iota over dims, transposed, cut into G groups of S."""
+    m = _IOTA.fullmatch(text.strip())
+    if not m:
+        raise _unknown("the iota replica groups", text)
+    shape, dims = _ints(m["shape"]), _ints(m["dims"])
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if m["perm"]:
+        perm = _ints(m["perm"])
+        if sorted(perm) != list(range(len(dims))):
+            raise _unknown("the iota replica groups (transpose is not a permutation of the dims)", text)
+        ids = ids.transpose(perm)
+    if len(shape) != 2 or math.prod(shape) != ids.size:
+        raise _unknown("the iota replica groups (group shape does not cover the devices)", text)
+    return _rows(ids, shape[1])
+
+
+def mesh_axes_groups(
+    axes: Sequence[tuple[str, int]],
+    grouped: Sequence[tuple[str, tuple[int, int] | None]],
+    device_ids: np.ndarray | None = None,
+) -> Groups:
+    """Device groups of a collective over mesh axes, as XLA computes them.
+
+    ``axes``: the mesh's ``(name, size)`` in order. ``grouped``: the axes the
+    collective runs over, in the order given, each whole (``None``) or a
+    sub-axis ``(pre_size, size)``: the ``size`` factor of the axis after its
+    ``pre_size`` major-most part. ``device_ids``: the mesh's devices in
+    row-major order (iota if ``None``). Each mesh axis is cut at its
+    sub-axes' boundaries; the devices are laid out over those pieces, the
+    pieces not grouped go first in mesh order, the grouped ones last in the
+    order given (the last varying fastest), and consecutive runs of one group's
+    size are the groups.
+    """
+    names = [name for name, _ in axes]
+    sizes = dict(axes)
+    cuts: dict[str, set[int]] = {name: {1, size} for name, size in axes}
+    for name, sub in grouped:
+        if name not in sizes:
+            raise ValueError(f"axis {name!r} is not in the mesh {names}")
+        if sub is not None:
+            pre, size = sub
+            if sizes[name] % (pre * size):
+                raise ValueError(f"sub-axis {name}:({pre}){size} does not divide axis size {sizes[name]}")
+            cuts[name] |= {pre, pre * size}
+    pieces: list[tuple[str, int, int]] = []  # (axis, pre_size, size), major to minor
+    for name in names:
+        bounds = sorted(cuts[name])
+        pieces += [(name, lo, hi // lo) for lo, hi in itertools.pairwise(bounds)]
+        if len(bounds) == 1:  # an axis of size 1
+            pieces.append((name, 1, 1))
+    index = {}
+    for name, sub in grouped:
+        pre, size = sub if sub is not None else (1, sizes[name])
+        match = [i for i, (n, lo, k) in enumerate(pieces) if n == name and lo == pre and k == size]
+        if len(match) != 1:
+            raise ValueError(f"grouped axis {name}:({pre}){size} overlaps another")
+        index[(name, sub)] = match[0]
+    order = [index[(name, sub)] for name, sub in grouped]
+    if len(set(order)) != len(order):
+        raise ValueError(f"an axis is grouped twice in {grouped}")
+    kept = [i for i in range(len(pieces)) if i not in order]
+    total = math.prod(sizes.values())
+    ids = np.arange(total) if device_ids is None else np.asarray(device_ids).reshape(-1)
+    if ids.size != total:
+        raise ValueError(f"{ids.size} device ids for a mesh of {total} devices")
+    laid = ids.reshape([k for _, _, k in pieces]).transpose(kept + order)
+    return _rows(laid, math.prod(pieces[i][2] for i in order))
+
+
+def _mesh_groups(text: str) -> Groups:
+    """Expand the mesh-axes form ``mesh['x'=4,'y'=2] {'y'}`` (sub-axes, ``device_ids=(...)``)."""
+    m = _MESH.fullmatch(text.strip())
+    if not m:
+        raise _unknown("the mesh-axes replica groups", text)
+    axes = []
+    for part in m["axes"].split(","):
+        axis = _MESH_AXIS.fullmatch(part)
+        if not axis:
+            raise _unknown("the mesh-axes replica groups (mesh axis)", text)
+        axes.append((axis["name"], int(axis["size"])))
+    grouped: list[tuple[str, tuple[int, int] | None]] = []
+    for part in m["grouped"].split(",") if m["grouped"].strip() else ():
+        ref = _AXIS_REF.fullmatch(part)
+        if not ref:
+            raise _unknown("the mesh-axes replica groups (grouped axis)", text)
+        grouped.append((ref["name"], (int(ref["pre"]), int(ref["size"])) if ref["pre"] else None))
+    ids = None
+    if m["ids"] is not None:
+        # Only the explicit list is read: XLA also prints an iota ``([2,4]T(1,0))`` here, whose
+        # meaning no JAX-made module has shown this project; refused rather than assumed.
+        if not re.fullmatch(r"[0-9,\s]+", m["ids"]):
+            raise _unknown("the mesh-axes replica groups (device_ids)", text)
+        ids = np.array(_ints(m["ids"]))
+    try:
+        return mesh_axes_groups(axes, grouped, ids)
+    except ValueError as e:
+        raise _unknown(f"the mesh-axes replica groups ({e})", text) from e
+
+
+def parse_replica_groups(text: str) -> Groups:
+    """One ``replica_groups=`` value as XLA prints it, expanded to explicit groups of ids.
+
+    ``{}`` (every participant) comes back as ``()``: which devices that is
+    depends on the op's mode and the module, see :func:`_participants`.
+    """
+    text = text.strip()
+    if _EXPLICIT.fullmatch(text):
+        return tuple(_ints(group) for group in re.findall(r"\{([0-9,\s]*)\}", text[1:-1]))
+    if text.startswith("["):
+        return _iota_groups(text)
+    if text.startswith("mesh["):
+        return _mesh_groups(text)
+    raise _unknown("the replica groups", text)
+
+
+#: Kinds that take ``use_global_device_ids``; on the others a channel id means cross-partition.
+_GLOBAL_IDS_KINDS = frozenset({"all-gather", "all-reduce", "reduce-scatter"})
+
+
+def _participants(
+    groups: Groups, *, kind: str, attrs: str, replicas: int, partitions: int, text: str
+) -> Groups:
+    """Groups of device ids (``replica * partitions + partition``), in the op's collective mode.
+
+    XLA's modes: no channel id, cross-replica; a channel id, cross-partition
+    (kinds without ``use_global_device_ids``) or cross-replica-and-partition
+    (``use_global_device_ids=false``); with ``use_global_device_ids=true``,
+    the groups are device ids already. ``{}`` stands for every replica (or
+    partition) of the mode.
+    """
+    has_channel = re.search(r"(?:^|[\s,])channel_id=\d+", attrs) is not None
+    global_ids = re.search(r"(?:^|[\s,])use_global_device_ids=true", attrs) is not None
+    if has_channel and global_ids:
+        if not groups:
+            raise _unknown("flattened-id replica groups (empty: XLA requires them listed)", text)
+        return groups
+    if not has_channel:  # cross-replica: each partition on its own
+        groups = groups or (tuple(range(replicas)),)
+        return tuple(tuple(r * partitions + p for r in g) for p in range(partitions) for g in groups)
+    if kind not in _GLOBAL_IDS_KINDS:  # cross-partition: each replica on its own
+        groups = groups or (tuple(range(partitions)),)
+        return tuple(tuple(r * partitions + p for p in g) for r in range(replicas) for g in groups)
+    groups = groups or (tuple(range(replicas)),)  # cross-replica-and-partition
+    return tuple(tuple(r * partitions + p for r in g for p in range(partitions)) for g in groups)
+
+
+def _pairs(text: str) -> tuple[tuple[int, int], ...]:
+    if not _EXPLICIT.fullmatch(text.strip()):
+        raise _unknown("the source-target pairs", text)
+    pairs = tuple(_ints(p) for p in re.findall(r"\{([0-9,\s]*)\}", text.strip()[1:-1]))
+    if any(len(p) != 2 for p in pairs):
+        raise _unknown("the source-target pairs (not pairs)", text)
+    return tuple((a, b) for a, b in pairs)
 
 
 def parse_hlo(text: str) -> CollectiveSummary:
@@ -246,8 +443,12 @@ def parse_hlo(text: str) -> CollectiveSummary:
     computations: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
     entry = None
     current = None
+    counts = {"replica_count": 1, "num_partitions": 1}
     for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith(("//", "HloModule")):
+        if line.lstrip().startswith("HloModule"):
+            counts.update((m["key"], int(m["n"])) for m in _HEADER_COUNT.finditer(line))
+            continue
+        if not line.strip() or line.lstrip().startswith("//"):
             continue
         inst = _INSTRUCTION.match(line)
         if inst and current is not None:
@@ -304,12 +505,26 @@ def parse_hlo(text: str) -> CollectiveSummary:
                 continue
             operands, attrs = payload.split("\x00", 1)
             operand_shapes = tuple(s for n in _operand_names(operands) for s in _shapes(types.get(n, "")))
-            pairs = _PAIRS.search(attrs)
-            groups = _GROUPS.search(attrs)
-            replica_groups = None
-            if groups:
-                body = groups["body"]
-                replica_groups = _nested_ints(body) if body.startswith("{") else _iota_groups(body)
+            pairs, replica_groups = None, None
+            if phase != "done":  # a -done names its -start, which carries the attributes
+                where = f"{opcode} {name}: {attrs.strip()}"
+                if base == "collective-permute":
+                    pairs_text = _attribute(attrs, "source_target_pairs")
+                    if pairs_text is None:
+                        raise _unknown("a collective-permute without source_target_pairs", where)
+                    pairs = _pairs(pairs_text)
+                else:
+                    groups_text = _attribute(attrs, "replica_groups")
+                    if groups_text is None:
+                        raise _unknown(f"an {base} without replica_groups", where)
+                    replica_groups = _participants(
+                        parse_replica_groups(groups_text),
+                        kind=base,
+                        attrs=attrs,
+                        replicas=counts["replica_count"],
+                        partitions=counts["num_partitions"],
+                        text=groups_text,
+                    )
             ops.append(
                 CollectiveOp(
                     kind=base,
@@ -318,9 +533,7 @@ def parse_hlo(text: str) -> CollectiveSummary:
                     computation=comp,
                     operand_shapes=operand_shapes,
                     result_shapes=_shapes(typ),
-                    source_target_pairs=(
-                        tuple((a, b) for a, b in _nested_ints(pairs["body"])) if pairs else None
-                    ),
+                    source_target_pairs=pairs,
                     replica_groups=replica_groups,
                     multiplicity=multiplicity[comp],
                 )
@@ -341,41 +554,179 @@ _MLIR_TO_HLO_DTYPE = {
 }  # fmt: skip
 
 
+_SDY_MESH = re.compile(r"sdy\.mesh\s+@(?P<name>[\w.$\-]+)\s*=\s*<\[(?P<axes>[^\]]*)\](?P<rest>[^>]*)>")
+_STABLEHLO_MESH_GROUPS = re.compile(
+    r"#stablehlo\.replica_group_mesh_axes<\s*mesh\s*=\s*(?P<mesh>.*?),\s*axes\s*=\s*\[(?P<axes>.*)\]\s*>"
+)
+_MLIR_MODULE_COUNT = re.compile(r"mhlo\.(?P<key>num_partitions|num_replicas)\s*=\s*(?P<n>\d+)")
+
+
+def _closing(text: str, i: int, open_: str, close: str) -> int:
+    """Index just past the ``close`` that balances the ``open_`` at ``text[i]``."""
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == open_:
+            depth += 1
+        elif text[j] == close:
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    raise _unknown("an unbalanced op", text[i : i + 200])
+
+
+def _dense_ints(text: str, what: str) -> np.ndarray:
+    """A ``dense<...> : tensor<AxBxi64>`` integer attribute (list, splat or empty) as an array."""
+    m = re.fullmatch(r"dense<(?P<value>[^>]*)>\s*:\s*tensor<(?P<shape>(?:\d+x)*)i\d+>", text.strip())
+    if not m:
+        raise _unknown(what, text)
+    shape = tuple(int(d) for d in m["shape"].split("x") if d)
+    value = m["value"].strip()
+    if re.fullmatch(r"-?\d+", value):  # a splat: every element the same
+        return np.full(shape, int(value))
+    data = np.array(json.loads(value or "[]"), dtype=np.int64)
+    if data.size != math.prod(shape):
+        raise _unknown(what, text)
+    return data.reshape(shape)
+
+
+def _stablehlo_mesh_groups(text: str, meshes: dict[str, str]) -> Groups:
+    """``#stablehlo.replica_group_mesh_axes<mesh = @m | #stablehlo.mesh<...>, axes = [...]>``."""
+    m = _STABLEHLO_MESH_GROUPS.fullmatch(text.strip())
+    if not m:
+        raise _unknown("the StableHLO mesh-axes replica groups", text)
+    mesh_text = m["mesh"].strip()
+    ids = None
+    if mesh_text.startswith("@"):
+        if mesh_text[1:] not in meshes:
+            raise _unknown("the StableHLO mesh-axes replica groups (no sdy.mesh of that name)", text)
+        decl = _SDY_MESH.fullmatch(meshes[mesh_text[1:]])
+        assert decl is not None  # meshes holds only lines _SDY_MESH matched
+        axes = [
+            (a["name"], int(a["size"]))
+            for a in re.finditer(r'"(?P<name>[^"]+)"\s*=\s*(?P<size>\d+)', decl["axes"])
+        ]
+        rest = decl["rest"].strip()
+        if rest:
+            listed = re.fullmatch(r",\s*device_ids\s*=\s*\[(?P<ids>[0-9,\s]*)\]", rest)
+            if not listed:
+                raise _unknown("the sdy.mesh", meshes[mesh_text[1:]])
+            ids = np.array(_ints(listed["ids"]))
+    elif mesh_text.startswith("#stablehlo.mesh<"):
+        axes = [
+            (a["name"], int(a["size"]))
+            for a in re.finditer(
+                r'#stablehlo\.mesh_axis<\s*name\s*=\s*"(?P<name>[^"]+)"\s*,\s*size\s*=\s*(?P<size>\d+)\s*>',
+                mesh_text,
+            )
+        ]
+        if not axes or "device_ids" in mesh_text:
+            raise _unknown("the StableHLO mesh", mesh_text)
+    else:
+        raise _unknown("the StableHLO mesh-axes replica groups (mesh)", text)
+    grouped: list[tuple[str, tuple[int, int] | None]] = []
+    for ref in re.split(r",\s*(?=[\"#])", m["axes"].strip()) if m["axes"].strip() else ():
+        named = re.fullmatch(
+            r'"(?P<name>[^"]+)"|#stablehlo\.axis_ref<\s*name\s*=\s*"(?P<ref>[^"]+)"\s*>', ref.strip()
+        )
+        if not named:  # e.g. a sub-axis, whose StableHLO spelling no supported JAX has printed
+            raise _unknown("the StableHLO axis reference", ref)
+        grouped.append((named["name"] or named["ref"], None))
+    try:
+        return mesh_axes_groups(axes, grouped, ids)
+    except ValueError as e:
+        raise _unknown(f"the StableHLO mesh-axes replica groups ({e})", text) from e
+
+
+def _stablehlo_attributes(body: str) -> dict[str, str]:
+    """``key = value`` pairs of an attribute dictionary's body (values with brackets balanced)."""
+    out, depth, key_start, i = {}, 0, 0, 0
+    for i, ch in enumerate(body + ","):
+        if ch in "<[({":
+            depth += 1
+        elif ch in ">])}" and not (ch == ">" and body[i - 1 : i] == "-"):
+            depth -= 1
+        elif ch == "," and depth == 0:
+            item = body[key_start:i].strip()
+            key, _, value = item.partition("=")
+            if item:
+                out[key.strip()] = value.strip()
+            key_start = i + 1
+    return out
+
+
 def parse_stablehlo(text: str) -> CollectiveSummary:
     """Collectives in a lowered (not yet compiled) StableHLO module, e.g. one lowered for TPU.
 
-    Multiplicity is not tracked here (loops are ``stablehlo.while`` regions);
-    use this for *which* collectives a target will see, and :func:`parse_hlo`
-    for byte accounting.
+    Each op is read in JAX's generic form, ``"stablehlo.x"(operands) <{attrs}>
+    ({region})? : (types) -> types``, its attributes from its own dictionary
+    only. Multiplicity is not tracked here (loops are ``stablehlo.while``
+    regions); use this for *which* collectives a target will see, and
+    :func:`parse_hlo` for byte accounting.
     """
+    meshes = {m["name"]: m[0] for m in _SDY_MESH.finditer(text)}
+    counts = {"num_replicas": 1, "num_partitions": 1}
+    header = re.search(r"^\s*module\b.*$", text, re.M)
+    if header:
+        counts.update((m["key"], int(m["n"])) for m in _MLIR_MODULE_COUNT.finditer(header[0]))
     ops = []
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        m = _STABLEHLO_OP.search(line)
-        if not m:
-            continue
-        # The function type "(operands) -> results" closes the op, possibly lines later.
-        tail = " ".join(lines[i : i + 40])
-        sig = re.search(r":\s*\((?P<ins>[^)]*)\)\s*->\s*(?P<outs>[^\n]*?)(?:$|\s{2}|\s%)", tail)
-        shapes_in: tuple[Shape, ...] = ()
-        if sig:
-            shapes_in = tuple(
-                Shape(_MLIR_TO_HLO_DTYPE.get(t["dtype"], t["dtype"]),
-                      tuple(int(d) for d in t["dims"].split("x") if d))
-                for t in _STABLEHLO_TYPE.finditer(sig["ins"])
+    for m in _STABLEHLO_OP.finditer(text):
+        kind = m["op"].replace("_", "-")
+        line = text[m.start() : text.find("\n", m.start())]
+        call = re.compile(r'"?\s*\((?P<operands>[^)]*)\)\s*').match(text, m.end())
+        if not call or not text.startswith("<{", call.end()):
+            raise _unknown(
+                f"the StableHLO {kind} (not in the generic form with an attribute dictionary)", line
+            )
+        attrs_end = _closing(text, call.end() + 1, "{", "}")
+        attrs = _stablehlo_attributes(text[call.end() + 2 : attrs_end - 1])
+        after = attrs_end + 1
+        region = re.compile(r"\s*\(\{").match(text, after)
+        if region:
+            after = _closing(text, region.end() - 2, "(", ")")
+        sig = re.compile(r"\s*:\s*\((?P<ins>[^)]*)\)\s*->").match(text, after)
+        if not sig:
+            raise _unknown(f"the StableHLO {kind} (no function type after it)", line)
+        shapes_in = tuple(
+            Shape(
+                _MLIR_TO_HLO_DTYPE.get(t["dtype"], t["dtype"]),
+                tuple(int(d) for d in t["dims"].split("x") if d),
+            )
+            for t in _STABLEHLO_TYPE.finditer(sig["ins"])
+        )
+        pairs, groups = None, None
+        if kind == "collective-permute":
+            if "source_target_pairs" not in attrs:
+                raise _unknown("a StableHLO collective_permute without source_target_pairs", line)
+            array = _dense_ints(attrs["source_target_pairs"], "the StableHLO source_target_pairs")
+            if array.size and (array.ndim != 2 or array.shape[1] != 2):
+                raise _unknown("the StableHLO source_target_pairs (not pairs)", attrs["source_target_pairs"])
+            pairs = tuple((int(a), int(b)) for a, b in array.reshape(-1, 2))
+        else:
+            value = attrs.get("replica_groups")
+            if value is None:
+                raise _unknown(f"a StableHLO {kind} without replica_groups", line)
+            if value.startswith("dense<"):
+                array = _dense_ints(value, "the StableHLO replica_groups")
+                parsed = _rows(array, array.shape[-1]) if array.size else ()
+            else:
+                parsed = _stablehlo_mesh_groups(value, meshes)
+            hlo_attrs = ("channel_id=1 " if "channel_handle" in attrs else "") + (
+                "use_global_device_ids=true" if "use_global_device_ids" in attrs else ""
+            )
+            groups = _participants(
+                parsed, kind=kind, attrs=hlo_attrs, replicas=counts["num_replicas"],
+                partitions=counts["num_partitions"], text=value,
             )  # fmt: skip
-        pairs = re.search(r"source_target_pairs\s*=\s*dense<(\[\[.*?\]\])>", tail)
-        groups = re.search(r"replica_groups\s*=\s*dense<(\[\[.*?\]\]|\[\])>", tail)
         ops.append(
             CollectiveOp(
-                kind=m["op"].replace("_", "-"),
+                kind=kind,
                 phase="sync",
                 name=m["result"].split(",")[0].strip(),
                 computation="",
                 operand_shapes=shapes_in,
                 result_shapes=(),
-                source_target_pairs=(tuple(tuple(p) for p in json.loads(pairs[1])) if pairs else None),
-                replica_groups=(tuple(tuple(g) for g in json.loads(groups[1])) if groups else None),
+                source_target_pairs=pairs,
+                replica_groups=groups,
                 multiplicity=1,
             )
         )

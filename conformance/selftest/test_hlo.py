@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +65,203 @@ def test_unknown_trip_count_is_unbounded() -> None:
 
 
 def test_iota_replica_groups_with_transpose() -> None:
-    assert hlo._iota_groups("[4,2]<=[2,4]T(1,0)") == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert hlo.parse_replica_groups("[4,2]<=[2,4]T(1,0)") == ((0, 4), (1, 5), (2, 6), (3, 7))
+
+
+# ----------------------------------------------------------------------------- replica-group forms
+# Each entry: one program, the line each XLA printed for it (verbatim up to its metadata), and the
+# groups they all mean. The same program must read the same on every JAX in the window.
+
+Y_PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7))
+SAME_PROGRAM_EVERY_XLA = {
+    "psum over y of a 4x2 mesh": (
+        Y_PAIRS,
+        {
+            "0.6.2": "ROOT %all-reduce.1 = f32[2,4]{1,0} all-reduce(%param), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, use_global_device_ids=true, to_apply=%region_0.8",
+            "0.10.2": "ROOT %psum.7 = f32[2,4]{1,0} all-reduce(%param.1), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, use_global_device_ids=true, to_apply=%region_0.0",
+            "0.12.0.1": "ROOT %psum.7 = f32[2,4]{1,0} all-reduce(%param.1), channel_id=1, replica_groups=mesh['x'=4,'y'=2] {'y'}, use_global_device_ids=true, to_apply=%region_0.0",
+        },
+    ),
+    "psum over (c, a) of a 2x2x2 mesh (grouped axes out of mesh order)": (
+        ((0, 4, 1, 5), (2, 6, 3, 7)),
+        {
+            "0.6.2": "ROOT %all-reduce.1 = f32[2,4]{1,0} all-reduce(%param), channel_id=1, replica_groups={{0,4,1,5},{2,6,3,7}}, use_global_device_ids=true, to_apply=%region_0.8",
+            "0.10.2": "ROOT %psum.7 = f32[2,4]{1,0} all-reduce(%param.1), channel_id=1, replica_groups={{0,4,1,5},{2,6,3,7}}, use_global_device_ids=true, to_apply=%region_0.0",
+            "0.12.0.1": "ROOT %psum.7 = f32[2,4]{1,0} all-reduce(%param.1), channel_id=1, replica_groups=mesh['a'=2,'b'=2,'c'=2] {'c','a'}, use_global_device_ids=true, to_apply=%region_0.0",
+        },
+    ),
+    "jit sum of x.reshape(2, 4, 8) over dim 1, x sharded over an 8-device mesh (a sub-axis)": (
+        ((0, 1, 2, 3), (4, 5, 6, 7)),
+        {
+            "0.6.2": "ROOT %all-reduce = f32[1,8]{1,0} all-reduce(%param), channel_id=1, replica_groups=[2,4]<=[8], use_global_device_ids=true, to_apply=%region_0.7.clone",
+            "0.10.2": "%all-reduce = f32[1,8]{1,0} all-reduce(%param), channel_id=1, replica_groups=mesh['axis_0'=2,'axis_1'=4,'axis_2'=1] {'axis_1'}, use_global_device_ids=true, to_apply=%region_0.0.clone",
+            "0.12.0.1": "%all-reduce = f32[1,8]{1,0} all-reduce(%param), channel_id=1, replica_groups=mesh['x'=8] {'x':(2)4}, use_global_device_ids=true, to_apply=%region_0.0.clone, frontend_attributes={is_spmd_generated=\"true\"}",
+        },
+    ),
+    "jit sum of x.reshape(2, 4, 8) over dim 1, x sharded over a 4x2 mesh (a sub-axis of x)": (
+        ((0, 2), (1, 3), (4, 6), (5, 7)),
+        {
+            "0.6.2": "ROOT %all-reduce = f32[1,4]{1,0} all-reduce(%reduce_bitcast_fusion), channel_id=1, replica_groups=[4,2]<=[2,2,2]T(0,2,1), use_global_device_ids=true, to_apply=%region_0.7.clone",
+            "0.10.2": "%all-reduce = f32[1,4]{1,0} all-reduce(%reduce_bitcast_fusion), channel_id=1, replica_groups=mesh['axis_0'=2,'axis_1'=2,'axis_2'=2] {'axis_1'}, use_global_device_ids=true, to_apply=%region_0.0.clone",
+            "0.12.0.1": "%all-reduce = f32[1,4]{1,0} all-reduce(%reduce_bitcast_fusion), channel_id=1, replica_groups=mesh['x'=4,'y'=2] {'x':(2)2}, use_global_device_ids=true, to_apply=%region_0.0.clone, frontend_attributes={is_spmd_generated=\"true\"}",
+        },
+    ),
+    "the all-gather after that sum (8-device mesh)": (
+        ((0, 4), (1, 5), (2, 6), (3, 7)),
+        {
+            "0.10.2": "ROOT %all-gather = f32[2,8]{1,0} all-gather(%all-reduce), channel_id=2, replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0'}, dimensions={0}, use_global_device_ids=true",
+            "0.12.0.1": "ROOT %all-gather = f32[2,8]{1,0} all-gather(%all-reduce), channel_id=2, replica_groups=mesh['x'=8] {'x':(1)2}, dimensions={0}, use_global_device_ids=true, frontend_attributes={is_spmd_generated=\"true\"}",
+        },
+    ),
+    # XLA 0.12's own printer, after its parser read a mesh with explicit device ids.
+    "psum over y of a 4x2 mesh whose devices are listed": (
+        ((3, 1), (2, 0), (7, 5), (6, 4)),
+        {
+            "0.12.0.1": "ROOT %r = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=mesh['x'=4,'y'=2], device_ids=(3,1,2,0,7,5,6,4) {'y'}, use_global_device_ids=true, to_apply=%add",
+        },
+    ),
+}
+
+
+def _module(line: str, header: str = "num_partitions=8") -> str:
+    return f"HloModule m, {header}\n\nENTRY %e (p: f32[4]) -> f32[4] {{\n  %p = f32[4]{{0}} parameter(0)\n  {line}\n}}\n"
+
+
+@pytest.mark.parametrize("program", sorted(SAME_PROGRAM_EVERY_XLA))
+def test_every_replica_group_form_reads_the_same_groups(program: str) -> None:
+    expected, lines = SAME_PROGRAM_EVERY_XLA[program]
+    for version, line in lines.items():
+        (op,) = hlo.parse_hlo(_module(line)).ops
+        assert op.replica_groups == expected, f"JAX {version}: {line}"
+
+
+def test_empty_groups_mean_every_participant_of_the_mode() -> None:
+    cross_replica = "ROOT %ar = f32[4]{0} all-reduce(%p), replica_groups={}, to_apply=%add"
+    (op,) = hlo.parse_hlo(_module(cross_replica, "replica_count=4")).ops
+    assert op.replica_groups == ((0, 1, 2, 3),)
+    cross_partition = "ROOT %a2a = f32[4]{0} all-to-all(%p), channel_id=1, replica_groups={}, dimensions={0}"
+    (op,) = hlo.parse_hlo(_module(cross_partition)).ops
+    assert op.replica_groups == (tuple(range(8)),)
+    # cross-replica-and-partition: the one replica's group spans all its partitions
+    both = "ROOT %ar = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups={{0}}, to_apply=%add"
+    (op,) = hlo.parse_hlo(_module(both, "num_partitions=4")).ops
+    assert op.replica_groups == ((0, 1, 2, 3),)
+    assert op.received_bytes() == 2 * 3 * 16 // 4
+
+
+UNKNOWN_FORMS = {  # form: (the line, the text the error must quote)
+    "a form no XLA prints": (
+        "ROOT %ar = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=devices[8] {x}, use_global_device_ids=true, to_apply=%add",
+        "devices[8] {x}",
+    ),
+    "an axis the mesh lacks": (
+        "ROOT %ar = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=mesh['x'=8] {'z'}, use_global_device_ids=true, to_apply=%add",
+        "mesh['x'=8] {'z'}",
+    ),
+    "device ids as an iota": (
+        "ROOT %r = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=mesh['x'=4,'y'=2], device_ids=([2,4]T(1,0)) {'y'}, use_global_device_ids=true, to_apply=%add",
+        "device_ids=([2,4]T(1,0))",
+    ),
+    "an iota that does not cover its devices": (
+        "ROOT %ar = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=[3,4]<=[8], use_global_device_ids=true, to_apply=%add",
+        "[3,4]<=[8]",
+    ),
+    "no groups at all": (
+        "ROOT %ar = f32[4]{0} all-reduce(%p), channel_id=1, use_global_device_ids=true, to_apply=%add",
+        "channel_id=1, use_global_device_ids=true",
+    ),
+    "flattened ids left empty": (
+        "ROOT %ar = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups={}, use_global_device_ids=true, to_apply=%add",
+        "'{}'",
+    ),
+    "pairs in a new form": (
+        "ROOT %cp = f32[4]{0} collective-permute(%p), channel_id=1, source_target_pairs=[[0,1],[1,0]]",
+        "[[0,1],[1,0]]",
+    ),
+}
+
+
+@pytest.mark.parametrize("form", sorted(UNKNOWN_FORMS))
+def test_a_form_it_does_not_know_is_an_error_naming_the_text(form: str) -> None:
+    line, quoted = UNKNOWN_FORMS[form]
+    with pytest.raises(hlo.HloParseError) as caught:
+        hlo.parse_hlo(_module(line))
+    assert quoted in str(caught.value), str(caught.value)
+
+
+# The same program lowered for TPU by JAX 0.6.2 (explicit groups) and 0.12.0.1 (mesh axes over an
+# sdy.mesh): a psum over (c, a) followed by a ppermute over a.
+STABLEHLO_0_6_2 = """\
+module @jit_f attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func private @shmap_body(%arg0: tensor<2x4xf32>) -> (tensor<2x4xf32> {jax.result_info = "[('a', 'b'), ('c',)]"}) {
+    %0 = "stablehlo.all_reduce"(%arg0) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, replica_groups = dense<[[0, 4, 1, 5], [2, 6, 3, 7]]> : tensor<2x4xi64>, use_global_device_ids}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %1 = "stablehlo.collective_permute"(%0) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, source_target_pairs = dense<[[0, 4], [4, 0], [1, 5], [5, 1], [2, 6], [6, 2], [3, 7], [7, 3]]> : tensor<8x2xi64>}> : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    return %1 : tensor<2x4xf32>
+  }
+}
+"""
+STABLEHLO_0_12_0_1 = """\
+module @jit_f attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["a"=2, "b"=2, "c"=2]> {stablehlo.mesh = {axes = [{name = "a", size = 2 : i64}, {name = "b", size = 2 : i64}, {name = "c", size = 2 : i64}]}}
+  sdy.mesh @mesh_0 = <["a"=2, "b"=2, "c"=2]> {stablehlo.mesh = {axes = [{name = "a", size = 2 : i64}, {name = "b", size = 2 : i64}, {name = "c", size = 2 : i64}]}}
+  func.func public @main(%arg0: tensor<8x8xf32>) -> (tensor<8x8xf32> {jax.result_info = "result"}) {
+    %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"a", "b"}, {"c"}]>] out_shardings=[<@mesh, [{"a", "b"}, {"c"}]>] manual_axes={"a", "b", "c"} (%arg1: tensor<2x4xf32>) {
+      %1 = "stablehlo.all_reduce"(%arg1) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, replica_groups = #stablehlo.replica_group_mesh_axes<mesh = @mesh_0, axes = [#stablehlo.axis_ref<name = "c">, #stablehlo.axis_ref<name = "a">]>, use_global_device_ids}> ({
+      ^bb0(%arg2: tensor<f32>, %arg3: tensor<f32>):
+        %3 = stablehlo.add %arg2, %arg3 : tensor<f32>
+        stablehlo.return %3 : tensor<f32>
+      }) : (tensor<2x4xf32>) -> tensor<2x4xf32>
+      %2 = "stablehlo.collective_permute"(%1) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 4], [4, 0], [1, 5], [5, 1], [2, 6], [6, 2], [3, 7], [7, 3]]> : tensor<8x2xi64>}> : (tensor<2x4xf32>) -> tensor<2x4xf32>
+      sdy.return %2 : tensor<2x4xf32>
+    } : (tensor<8x8xf32>) -> tensor<8x8xf32>
+    return %0 : tensor<8x8xf32>
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("text", [STABLEHLO_0_6_2, STABLEHLO_0_12_0_1], ids=["jax-0.6.2", "jax-0.12.0.1"])
+def test_stablehlo_forms_read_the_same_and_each_op_keeps_its_own_attributes(text: str) -> None:
+    all_reduce, permute = hlo.parse_stablehlo(text).ops
+    assert (all_reduce.kind, permute.kind) == ("all-reduce", "collective-permute")
+    assert all_reduce.replica_groups == ((0, 4, 1, 5), (2, 6, 3, 7))
+    assert all_reduce.source_target_pairs is None  # not the permute's, lines later
+    assert all_reduce.operand_shapes == (hlo.Shape("f32", (2, 4)),)
+    assert permute.source_target_pairs == ((0, 4), (4, 0), (1, 5), (5, 1), (2, 6), (6, 2), (3, 7), (7, 3))
+
+
+def test_stablehlo_splat_and_inline_mesh_forms() -> None:
+    splat = STABLEHLO_0_6_2.replace(
+        "dense<[[0, 4, 1, 5], [2, 6, 3, 7]]> : tensor<2x4xi64>", "dense<0> : tensor<1x1xi64>"
+    )
+    assert hlo.parse_stablehlo(splat).ops[0].replica_groups == ((0,),)
+    inline = STABLEHLO_0_12_0_1.replace(
+        'mesh = @mesh_0, axes = [#stablehlo.axis_ref<name = "c">, #stablehlo.axis_ref<name = "a">]',
+        'mesh = #stablehlo.mesh<axes = [#stablehlo.mesh_axis<name = "a", size = 2>, '
+        '#stablehlo.mesh_axis<name = "b", size = 2>, #stablehlo.mesh_axis<name = "c", size = 2>]>, axes = ["c", "a"]',
+    )
+    assert hlo.parse_stablehlo(inline).ops[0].replica_groups == ((0, 4, 1, 5), (2, 6, 3, 7))
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (
+            '#stablehlo.axis_ref<name = "a">',
+            '#stablehlo.axis_ref<name = "a", sub_axis_info = #stablehlo.sub_axis<pre_size = 1, size = 2>>',
+        ),
+        ("mesh = @mesh_0", "mesh = @mesh_9"),
+        ("#stablehlo.replica_group_mesh_axes<", "#stablehlo.replica_group_future<"),
+    ],
+    ids=["sub-axis", "unknown mesh", "unknown attribute"],
+)
+def test_stablehlo_form_it_does_not_know_is_an_error_naming_the_text(old: str, new: str) -> None:
+    with pytest.raises(hlo.HloParseError, match=re.escape(new.split("<")[0])):
+        hlo.parse_stablehlo(STABLEHLO_0_12_0_1.replace(old, new))
 
 
 def _compiled_text(fn, mesh_label: str, shape=(8, 4)) -> str:
