@@ -49,7 +49,7 @@ def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axe
     if barrier:
         sem = pltpu.get_barrier_semaphore()
         for peer in (left, right):
-            pl.semaphore_signal(sem, 1, device_id=peer, device_id_type=pl.DeviceIdType.MESH)
+            pl.semaphore_signal(sem, 1, device_id=peer)
         pl.semaphore_wait(sem, barrier_expect)
     top = rows // 2 if floor_halves else (rows + 1) // 2
     bottom = rows // 2 if floor_halves else rows - top
@@ -69,7 +69,7 @@ def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axe
             window = o_ref.at[slot(step), pl.ds(first, count)]
             last[d] = pltpu.make_async_remote_copy(
                 window, window, send_sems.at[d, k], recv_sems.at[d, k],
-                device_id=peer, device_id_type=pl.DeviceIdType.MESH,
+                device_id=peer,
             )  # fmt: skip
             last[d].start()
     if final_wait:

@@ -81,7 +81,12 @@ from kernels.all_gather._common import validate
 
 
 def _neighbour(mesh_axes: tuple[str, ...], axis_name: str, index: jax.Array) -> tuple[jax.Array, ...]:
-    """Mesh coordinates of the device at ``index`` along ``axis_name``, same elsewhere."""
+    """Mesh coordinates of the device at ``index`` along ``axis_name``, same elsewhere.
+
+    Remote DMAs and signals address devices by these coordinates: mesh
+    addressing, the default of every supported JAX (``device_id_type=`` is
+    deprecated from JAX 0.12, so the kernels never pass it).
+    """
     return tuple(index if a == axis_name else lax.axis_index(a) for a in mesh_axes)
 
 
@@ -119,7 +124,7 @@ def _ring_kernel(
         # Neighbours must be inside the kernel before we DMA into their buffers.
         barrier = pltpu.get_barrier_semaphore()
         for peer in (left, right):
-            pl.semaphore_signal(barrier, 1, device_id=peer, device_id_type=pl.DeviceIdType.MESH)
+            pl.semaphore_signal(barrier, 1, device_id=peer)
         pl.semaphore_wait(barrier, 2)
 
     def send(step: int, slot: jax.Array, first: int, count: int, peer, send_sems, recv_sems):
@@ -132,7 +137,6 @@ def _ring_kernel(
             send_sems.at[jnp.int32(step)],  # signalled here when the data has left
             recv_sems.at[jnp.int32(step)],  # signalled on `peer` when it has arrived: this step's only
             device_id=peer,
-            device_id_type=pl.DeviceIdType.MESH,
         )
         dma.start()
         return dma
