@@ -403,7 +403,14 @@ _GLOBAL_IDS_KINDS = frozenset({"all-gather", "all-reduce", "reduce-scatter"})
 
 
 def _participants(
-    groups: Groups, *, kind: str, attrs: str, replicas: int, partitions: int, text: str
+    groups: Groups,
+    *,
+    kind: str,
+    has_channel: bool,
+    global_ids: bool,
+    replicas: int,
+    partitions: int,
+    text: str,
 ) -> Groups:
     """Groups of device ids (``replica * partitions + partition``), in the op's collective mode.
 
@@ -413,8 +420,6 @@ def _participants(
     the groups are device ids already. ``{}`` stands for every replica (or
     partition) of the mode.
     """
-    has_channel = re.search(r"(?:^|[\s,])channel_id=\d+", attrs) is not None
-    global_ids = re.search(r"(?:^|[\s,])use_global_device_ids=true", attrs) is not None
     if has_channel and global_ids:
         if not groups:
             raise _unknown("flattened-id replica groups (empty: XLA requires them listed)", text)
@@ -520,7 +525,8 @@ def parse_hlo(text: str) -> CollectiveSummary:
                     replica_groups = _participants(
                         parse_replica_groups(groups_text),
                         kind=base,
-                        attrs=attrs,
+                        has_channel=re.search(r"(?:^|[\s,])channel_id=\d+", attrs) is not None,
+                        global_ids=re.search(r"(?:^|[\s,])use_global_device_ids=true", attrs) is not None,
                         replicas=counts["replica_count"],
                         partitions=counts["num_partitions"],
                         text=groups_text,
@@ -710,13 +716,15 @@ def parse_stablehlo(text: str) -> CollectiveSummary:
                 parsed = _rows(array, array.shape[-1]) if array.size else ()
             else:
                 parsed = _stablehlo_mesh_groups(value, meshes)
-            hlo_attrs = ("channel_id=1 " if "channel_handle" in attrs else "") + (
-                "use_global_device_ids=true" if "use_global_device_ids" in attrs else ""
-            )
             groups = _participants(
-                parsed, kind=kind, attrs=hlo_attrs, replicas=counts["num_replicas"],
-                partitions=counts["num_partitions"], text=value,
-            )  # fmt: skip
+                parsed,
+                kind=kind,
+                has_channel="channel_handle" in attrs,
+                global_ids="use_global_device_ids" in attrs,
+                replicas=counts["num_replicas"],
+                partitions=counts["num_partitions"],
+                text=value,
+            )
         ops.append(
             CollectiveOp(
                 kind=kind,
