@@ -371,10 +371,11 @@ def check_bad_inputs(case: Case) -> None:
 
 
 def check_barrier_protocol(case: Case) -> None:
-    """No remote DMA starts before the kernel has waited on its barrier semaphore.
+    """No remote DMA starts unprotected by a barrier (``conformance/pallas_protocol.py`` says which).
 
     Static (read off the traced kernel): TPU interpret mode starts all devices'
-    kernels together, so no run on CPU can show this defect.
+    kernels together, so no run on CPU can show this defect. A kernel with no
+    barrier of its own passes: JAX inserts a device barrier before it.
     """
     fn = runner.jitted_for(case)
     found = _call(
@@ -383,9 +384,10 @@ def check_barrier_protocol(case: Case) -> None:
     if found:
         raise fail(case, "barrier_protocol", found[0].rule, [
             f"at {found[0].where}",
-            "signal both neighbours' barrier semaphore and wait for their signals before the "
-            "first remote DMA (pltpu.get_barrier_semaphore, pl.semaphore_signal/semaphore_wait, "
-            "CompilerParams(collective_id=...))",
+            "either wait for the neighbours' signals on the barrier semaphore before the first "
+            "remote DMA (pltpu.get_barrier_semaphore, pl.semaphore_signal/semaphore_wait, "
+            "CompilerParams(collective_id=...)), or take no barrier of your own and keep the "
+            "device barrier JAX inserts before the kernel (no collective_id, no skip_device_barrier)",
         ])  # fmt: skip
 
 

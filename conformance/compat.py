@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -144,6 +144,24 @@ def abort_interpreted_kernel(reason: str) -> None:
             sem.counts += 1 << 30
             sem.cv.notify_all()
     shared.barrier.abort()
+
+
+def pallas_tpu_compiler_params(eqn_params: Any) -> Any | None:
+    """The ``pltpu.CompilerParams`` of a traced ``pallas_call`` equation, or None if it set none.
+
+    JAX 0.7 and later keep the object itself; 0.6 a dict ``{"mosaic_tpu": params}``.
+    """
+    params = eqn_params.get("compiler_params")
+    if isinstance(params, Mapping):
+        return params.get("mosaic_tpu") or params.get("mosaic")
+    return params
+
+
+def has_skip_device_barrier() -> bool:
+    """``pltpu.CompilerParams(skip_device_barrier=...)`` exists (JAX 0.7.1 and later)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    return "skip_device_barrier" in inspect.signature(pltpu.CompilerParams).parameters
 
 
 def mlir_isa(kind: Any, thing: Any) -> bool:

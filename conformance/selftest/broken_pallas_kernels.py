@@ -17,13 +17,14 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
+from conformance import compat
 from kernels.all_gather.pallas_ring import pallas_ring_all_gather_bidirectional
 
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_seed_shared_semaphores": "test_races",
     "broken_pallas_drops_last_row_of_odd_shards": "test_values",
     "broken_pallas_skips_final_dma_wait": "test_races",
-    "broken_pallas_no_barrier": "test_barrier_protocol",
+    "broken_pallas_dma_before_barrier_wait": "test_barrier_protocol",
     "broken_pallas_waits_for_missing_signal": "test_values",
     "broken_pallas_untiled_halves": "test_tpu_layout",
     "broken_pallas_refuses_every_tpu_shape": "test_tpu_layout",
@@ -32,6 +33,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_waits_for_missing_signal": "did not finish within",
     "broken_pallas_untiled_halves": "must be aligned to tiles",
     "broken_pallas_refuses_every_tpu_shape": "refuses the family's TPU-native shape",
+    "broken_pallas_dma_before_barrier_wait": "before the kernel waits on its barrier semaphore",
+    "broken_pallas_skips_default_barrier": "skips the default device barrier",
 }
 
 
@@ -46,11 +49,12 @@ def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axe
     own = pltpu.make_async_copy(x_ref, o_ref.at[me], copy_sem)
     own.start()
     own.wait()
-    if barrier:
+    if barrier != "none":  # "before" the DMAs (correct) or "after" them
         sem = pltpu.get_barrier_semaphore()
         for peer in (left, right):
             pl.semaphore_signal(sem, 1, device_id=peer)
-        pl.semaphore_wait(sem, barrier_expect)
+        if barrier == "before":
+            pl.semaphore_wait(sem, barrier_expect)
     top = rows // 2 if floor_halves else (rows + 1) // 2
     bottom = rows // 2 if floor_halves else rows - top
     halves = [
@@ -77,11 +81,17 @@ def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axe
             if dma is not None:
                 dma.wait_recv()
                 dma.wait_send()
+    if barrier == "after":
+        pl.semaphore_wait(sem, barrier_expect)
 
 
-def _broken_ring(x, *, mesh, axis_name, interpret=False, **knobs):
+def _broken_ring(x, *, mesh, axis_name, interpret=False, skip_device_barrier=False, **knobs):
     n = mesh.shape[axis_name]
     kernel = functools.partial(_kernel, axis_name=axis_name, mesh_axes=tuple(mesh.axis_names), **knobs)
+    # Mosaic refuses a collective_id without a barrier semaphore, so a kernel without one drops it.
+    params = {"collective_id": None if knobs["barrier"] == "none" else 0}
+    if skip_device_barrier:
+        params["skip_device_barrier"] = True
 
     def per_device(shard):
         out = pl.pallas_call(
@@ -94,8 +104,7 @@ def _broken_ring(x, *, mesh, axis_name, interpret=False, **knobs):
                 pltpu.SemaphoreType.DMA((2, n - 1)),
                 pltpu.SemaphoreType.DMA,
             ],
-            # Mosaic refuses a collective_id without a barrier, so the no-barrier kernel drops it.
-            compiler_params=pltpu.CompilerParams(collective_id=0 if knobs["barrier"] else None),
+            compiler_params=pltpu.CompilerParams(**params),
             interpret=interpret,
         )(shard)
         return out.reshape(n * shard.shape[0], *shard.shape[1:])
@@ -103,7 +112,9 @@ def _broken_ring(x, *, mesh, axis_name, interpret=False, **knobs):
     return jax.shard_map(per_device, mesh=mesh, in_specs=P(axis_name), out_specs=P(), check_vma=False)(x)
 
 
-_CORRECT = dict(shared_semaphores=False, floor_halves=False, final_wait=True, barrier=True, barrier_expect=2)
+_CORRECT = dict(
+    shared_semaphores=False, floor_halves=False, final_wait=True, barrier="before", barrier_expect=2
+)
 
 
 def _register(name: str, doc: str, **defect) -> None:
@@ -124,9 +135,15 @@ _register("broken_pallas_drops_last_row_of_odd_shards",
 _register("broken_pallas_skips_final_dma_wait",
           "returns without waiting for the last step's DMAs",
           final_wait=False)  # fmt: skip
-_register("broken_pallas_no_barrier",
-          "starts remote DMAs without the barrier: a neighbour may not be in the kernel yet",
-          barrier=False)  # fmt: skip
+_register("broken_pallas_dma_before_barrier_wait",
+          "takes a barrier semaphore (so gets no default barrier) but starts its remote DMAs before "
+          "waiting on it: a neighbour may not be in the kernel yet",
+          barrier="after")  # fmt: skip
+if compat.has_skip_device_barrier():  # JAX 0.7.1 and later
+    _register("broken_pallas_skips_default_barrier",
+              "skip_device_barrier=True and no barrier of its own: remote DMAs with no barrier at all",
+              barrier="none", skip_device_barrier=True)  # fmt: skip
+    EXPECTED_REJECTION["broken_pallas_skips_default_barrier"] = "test_barrier_protocol"
 _register("broken_pallas_waits_for_missing_signal",
           "waits for three barrier signals when only two neighbours send one",
           barrier_expect=3)  # fmt: skip

@@ -19,13 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from conformance.selftest import broken_kernels, broken_matmul_reduce_scatter_kernels, broken_pallas_kernels
+from conformance.selftest import (
+    broken_kernels,
+    broken_matmul_reduce_scatter_kernels,
+    broken_pallas_kernels,
+    other_style_kernels,
+)
 
 pytestmark = pytest.mark.selftest
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKEN = (broken_kernels, broken_pallas_kernels, broken_matmul_reduce_scatter_kernels)
-BROKEN_MODULES = ",".join(module.__name__ for module in BROKEN)
+KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
 EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
 STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_determinism",
@@ -56,11 +61,16 @@ _ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w-]+?)-(?P<rest>.*)\]$")
 def suite_verdicts(tmp_dir: str) -> dict[str, dict[str, list[tuple[str, str]]]]:
     """{impl: {test: [(outcome, message), ...]}} from one run of the conformance suite."""
     report = Path(tmp_dir) / "conformance.xml"
-    # Built-ins run every check; each broken kernel runs only the check meant for it.
+    # Built-ins run every check; each broken kernel only the check meant for it; each correct kernel
+    # of another style the checks it must pass.
     targeted = " or ".join(f"({impl} and {test})" for impl, test in EXPECTED_REJECTION.items())
+    targeted += "".join(
+        f" or ({impl} and ({' or '.join(sorted(tests))}))"
+        for impl, tests in other_style_kernels.EXPECTED_PASS.items()
+    )
     cmd = [sys.executable, "-m", "pytest", "conformance", "-m", "cpu", "-q", "-p", "no:cacheprovider",
-           "-k", f"not broken_ or {targeted}",
-           f"--kernels={BROKEN_MODULES}", f"--hang-timeout={HANG_TIMEOUT_S}",
+           "-k", f"not (broken_ or correct_) or {targeted}",
+           f"--kernels={KERNEL_MODULES}", f"--hang-timeout={HANG_TIMEOUT_S}",
            f"--junitxml={report}"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 1, (
@@ -103,6 +113,16 @@ def test_builtin_passes_every_check(verdicts, impl: str) -> None:
         assert not bad, f"{impl} {test}: {bad[0][0]}: {bad[0][1][:2000]}"
     missing = BUILTINS[impl] - set(tests)
     assert not missing, f"{impl} did not run {sorted(missing)}"
+
+
+@pytest.mark.parametrize("impl", sorted(other_style_kernels.EXPECTED_PASS))
+def test_correct_kernel_of_another_style_passes(verdicts, impl: str) -> None:
+    tests = verdicts[impl]
+    for test in sorted(other_style_kernels.EXPECTED_PASS[impl]):
+        outcomes = tests.get(test)
+        assert outcomes, f"{impl} did not run {test}"
+        bad = [o for o in outcomes if o[0] != "passed"]
+        assert not bad, f"{impl} {test}: {bad[0][0]} (a false positive): {bad[0][1][:2000]}"
 
 
 @pytest.mark.parametrize("impl", sorted(EXPECTED_REJECTION))

@@ -1,0 +1,74 @@
+"""Correct kernels in other styles than the built-ins'; the suite must pass each.
+
+A false positive costs as much trust as a missed bug. Each kernel here is
+correct, is written unlike the project's own (loop forms, no barrier semaphore
+of its own, ...), and relies on a point a check once got wrong.
+``EXPECTED_PASS`` names the checks each must pass.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
+
+import conformance
+
+EXPECTED_PASS: dict[str, set[str]] = {
+    # The style of JAX's Pallas TPU distributed tutorial: no barrier semaphore, no collective_id,
+    # so JAX puts a device barrier before the kernel. barrier_protocol once failed it.
+    "correct_pallas_ring_default_barrier": {"test_barrier_protocol", "test_values", "test_races"},
+}
+
+
+def _loop_ring_kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axes):
+    """Unidirectional ring as a ``fori_loop``: at step s, forward the block that arrived at s - 1."""
+    n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    right = tuple(lax.rem(me + 1, n) if a == axis_name else lax.axis_index(a) for a in mesh_axes)
+    local = pltpu.make_async_copy(x_ref, o_ref.at[me], copy_sem)
+    local.start()
+    local.wait()
+
+    def step(s, carry):
+        slot = lax.rem(me - s + n, n)
+        dma = pltpu.make_async_remote_copy(
+            o_ref.at[slot], o_ref.at[slot], send_sems.at[s], recv_sems.at[s], device_id=right
+        )
+        dma.start()
+        dma.wait_recv()  # the left neighbour's block of this step, on this step's semaphore only
+        dma.wait_send()
+        return carry
+
+    lax.fori_loop(0, n - 1, step, 0)
+
+
+@conformance.register(
+    "all_gather",
+    name="correct_pallas_ring_default_barrier",
+    pallas=True,
+    description="a fori_loop ring with no barrier of its own (JAX's default device barrier)",
+)
+def correct_pallas_ring_default_barrier(x, *, mesh, axis_name, interpret=False):
+    n = mesh.shape[axis_name]
+    kernel = functools.partial(_loop_ring_kernel, axis_name=axis_name, mesh_axes=tuple(mesh.axis_names))
+
+    def per_device(shard):
+        out = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((n, *shard.shape), shard.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[
+                pltpu.SemaphoreType.DMA((n - 1,)),
+                pltpu.SemaphoreType.DMA((n - 1,)),
+                pltpu.SemaphoreType.DMA,
+            ],
+            interpret=interpret,
+        )(shard)
+        return out.reshape(n * shard.shape[0], *shard.shape[1:])
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=P(axis_name), out_specs=P(), check_vma=False)(x)
