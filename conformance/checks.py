@@ -266,10 +266,13 @@ def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> No
     Pallas TPU kernel (lowered as the real kernel, not the interpreter).
     """
     impl = case.implementation
-    problems = []
+    problems, host_limited = [], []
     for target in targets or impl.lowering_targets:
         try:
             text = runner.lowered_for(case, target).as_text()
+        except compat.HostCannotLower as limit:
+            host_limited.append(f"{target}: {limit}")
+            continue
         except Exception as e:
             problems.append(f"{target}: lowering raised {type(e).__name__}: {str(e)[:1500]}")
             continue
@@ -278,7 +281,9 @@ def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> No
             problems.append(f"{target}: lowered module uses forbidden collectives: "
                             + "; ".join(op.describe() for op in bad))  # fmt: skip
     if problems:
-        raise fail(case, "cross_lowering", "does not lower cleanly for every target", problems)
+        raise fail(case, "cross_lowering", "does not lower cleanly for every target", problems + host_limited)
+    if host_limited:  # what did lower was clean; the rest this host could not try
+        raise compat.HostCannotLower("; ".join(host_limited))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +295,8 @@ class TpuLayoutRecord:
     dtype: str
     dims: tuple[tuple[str, int], ...]
     refusal: str | None
+    #: Why this host could not lower the shape for TPU at all (neither accepted nor refused).
+    host_limited: str | None = None
 
 
 TPU_LAYOUT_RECORDS: list[TpuLayoutRecord] = []
@@ -301,6 +308,11 @@ def check_tpu_layout(case: Case) -> None:
     TPU-native dims it must lower."""
     try:
         text = runner.lower_exactly(case, "tpu").as_text()
+    except compat.HostCannotLower as limit:
+        TPU_LAYOUT_RECORDS.append(
+            TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, None, str(limit))
+        )
+        raise
     except mosaic.TpuConstraintError as refusal:
         if case.at_tpu_native_dims:
             raise fail(case, "tpu_layout", "refuses the family's TPU-native shape, which every buffer "

@@ -71,9 +71,33 @@ def varying_shape_dtype_struct(
     return jax.ShapeDtypeStruct(tuple(shape), dtype, vma=frozenset(varying_axes))
 
 
+class HostCannotLower(RuntimeError):
+    """Lowering for another backend failed because of this host, not the kernel: a skip, with reason."""
+
+
+#: Errors JAX raises when a lowering asks the *local* device what it is (message prefix -> reason).
+_HOST_LIMITS = {
+    "Unsupported TPU device kind:": (
+        "this host cannot lower this kernel for TPU: JAX's TPU lowering of an op it uses (e.g. `//` on "
+        "a traced integer, via lax.sign) asks the local device which TPU it is, and this host's is {kind}"
+    ),
+}
+
+
 def lower_for_platform(jitted: Any, args: Sequence[Any], platform: str) -> Any:
-    """Lower a jitted function for another backend than the host's (no compile)."""
-    return jitted.trace(*args).lower(lowering_platforms=(platform,))
+    """Lower a jitted function for another backend than the host's (no compile).
+
+    Raises :class:`HostCannotLower` where JAX's lowering needs the target's
+    hardware to answer (seen from JAX 0.10 on for Pallas TPU kernels).
+    """
+    try:
+        return jitted.trace(*args).lower(lowering_platforms=(platform,))
+    except ValueError as e:
+        for prefix, reason in _HOST_LIMITS.items():
+            if str(e).startswith(prefix):
+                kind = str(e)[len(prefix) :].split(".")[0].strip()
+                raise HostCannotLower(reason.format(kind=kind) + f" ({prefix} {kind})") from e
+        raise
 
 
 # ----------------------------------------------------------------------------- Pallas TPU interpret mode

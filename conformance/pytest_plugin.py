@@ -189,7 +189,11 @@ def _tpu_layout_table(tr, records: list) -> None:
         by_impl[(rec.family, rec.impl, rec.dtype)].append(rec)
     width = max(len(impl) for _, impl, _ in by_impl)
     for (family, impl, dtype), recs in sorted(by_impl.items()):
-        accepted = ["x".join(str(v) for _, v in r.dims) for r in recs if r.refusal is None]
+        accepted = [
+            "x".join(str(v) for _, v in r.dims) for r in recs if r.refusal is None and not r.host_limited
+        ]
         refused = sum(r.refusal is not None for r in recs)
+        limited = sum(r.host_limited is not None for r in recs)
         tr.write_line(f"{family:<21} {impl:<{width}}  {dtype:<9} accepted {len(accepted)}: "
-                      f"{'; '.join(accepted)}  refused {refused}")  # fmt: skip
+                      f"{'; '.join(accepted)}  refused {refused}"
+                      + (f"  not lowerable on this host {limited}" if limited else ""))  # fmt: skip

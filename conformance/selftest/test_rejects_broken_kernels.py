@@ -25,6 +25,7 @@ from conformance.selftest import (
     broken_pallas_kernels,
     other_style_kernels,
 )
+from conformance.selftest.other_style_kernels import HOST_LIMIT
 
 pytestmark = pytest.mark.selftest
 
@@ -121,7 +122,8 @@ def test_correct_kernel_of_another_style_passes(verdicts, impl: str) -> None:
     for test in sorted(other_style_kernels.EXPECTED_PASS[impl]):
         outcomes = tests.get(test)
         assert outcomes, f"{impl} did not run {test}"
-        bad = [o for o in outcomes if o[0] != "passed"]
+        # passed, or skipped because this host cannot try it (never failed for the host's limit)
+        bad = [o for o in outcomes if o[0] != "passed" and not (o[0] == "skipped" and HOST_LIMIT in o[1])]
         assert not bad, f"{impl} {test}: {bad[0][0]} (a false positive): {bad[0][1][:2000]}"
 
 
