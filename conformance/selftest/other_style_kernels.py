@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -27,6 +28,9 @@ EXPECTED_PASS: dict[str, set[str]] = {
     # is, so this CPU host cannot lower it. tpu_layout once failed it for that; it must be skipped
     # with the reason (or pass, on a JAX that lowers it).
     "correct_pallas_ring_pipelined_loop": {"test_values", "test_tpu_layout", "test_cross_lowering"},
+    # No validation of its own: shard_map's divisibility error names the values. On an Explicit mesh
+    # JAX also refuses valid replicated inputs, so bad_inputs must judge it on the Auto twin.
+    "correct_allgather_matmul_without_validation": {"test_bad_inputs", "test_values"},
 }
 #: A skip with this text is the host's limit, not the kernel's failure.
 HOST_LIMIT = "this host cannot lower this kernel for TPU"
@@ -125,3 +129,18 @@ def correct_pallas_ring_pipelined_loop(x, *, mesh, axis_name, interpret=False):
 )
 def correct_pallas_ring_default_barrier(x, *, mesh, axis_name, interpret=False):
     return _ring(_loop_ring_kernel, x, mesh=mesh, axis_name=axis_name, interpret=interpret)
+
+
+@conformance.register(
+    "allgather_matmul",
+    name="correct_allgather_matmul_without_validation",
+    description="all_gather then dot, no argument checks: JAX's shard_map refuses what does not divide",
+)
+def correct_allgather_matmul_without_validation(lhs, rhs, *, mesh, axis_name):
+    def body(lhs_block, rhs_block):
+        full = lax.all_gather(lhs_block, axis_name, tiled=True)
+        return jnp.dot(full, rhs_block, preferred_element_type=jnp.float32).astype(lhs_block.dtype)
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)

@@ -142,6 +142,16 @@ def test_broken_kernel_rejected_by_its_check(verdicts, impl: str) -> None:
         assert EXPECTED_MESSAGE[impl] in message, f"{impl}: expected {EXPECTED_MESSAGE[impl]!r}:\n{message}"
 
 
+def test_truncating_kernel_fails_bad_inputs_on_every_mesh_type_for_its_real_reason(verdicts) -> None:
+    """On an Explicit mesh JAX refuses replicated inputs before the kernel sees them, with a message
+    that names the array's shape; the verdict must come from the kernel's own behaviour instead."""
+    outcomes = verdicts["broken_truncates_indivisible_rows"]["test_bad_inputs"]
+    assert len(outcomes) == 2, outcomes  # 4-x-explicit and 2x4-y-auto
+    for outcome, message in outcomes:
+        assert outcome == "failed", (outcome, message)
+        assert "returned a result of shape" in message, message
+
+
 def test_replay_command_reproduces_a_failure(verdicts) -> None:
     message = next(m for o, m in verdicts["broken_ring_wrong_slot"]["test_values"] if o == "failed")
     command = re.search(r"replay\s+: (python -m conformance replay .*)", message)[1]
