@@ -10,11 +10,18 @@ these same functions.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sysconfig
+import traceback
 from collections.abc import Callable, Sequence
 
 import jax
+import jaxlib
 import numpy as np
 
+import conformance
+import conformance.selftest
+import fixtures
 from conformance import compat, hlo, mosaic, pallas_protocol, runner
 from conformance.runner import Case
 
@@ -53,14 +60,65 @@ def error_text(error: BaseException, head: int = 4, tail: int = 16) -> str:
     return f"{type(error).__name__}: " + "\n    ".join(lines)
 
 
+def _roots(*modules: object) -> tuple[str, ...]:
+    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in modules)
+
+
+#: Where a frame's file lies decides whose code it is.
+_LIBRARY_ROOTS = _roots(jax, jaxlib, np)
+_SUITE_ROOTS = (*_roots(conformance, fixtures), sysconfig.get_paths()["stdlib"] + os.sep)
+_KERNEL_ROOTS_IN_SUITE = _roots(conformance.selftest)
+
+
+def _whose(filename: str) -> str:
+    path = os.path.abspath(filename)
+    if path.startswith(_LIBRARY_ROOTS):
+        return "library"
+    if path.startswith(_SUITE_ROOTS) and not path.startswith(_KERNEL_ROOTS_IN_SUITE):
+        return "suite"
+    return "kernel"
+
+
+def error_locations(error: BaseException) -> list[str]:
+    """Where ``error`` was raised: the innermost frame of the kernel's own code and, if a library
+    (JAX, jaxlib, numpy) raised it, the innermost frame of that library."""
+    frames = traceback.extract_tb(error.__traceback__)
+    lines = []
+    kernel = [f for f in frames if _whose(f.filename) == "kernel"]
+    if frames and _whose(frames[-1].filename) == "library":
+        raiser = frames[-1]
+        lines.append(f"raised in      : {_frame_text(raiser)} (inside {raiser.filename.split(os.sep)[-1]!r}, "
+                     "a library the kernel called)")  # fmt: skip
+    if kernel:
+        lines.append(f"kernel's code  : {_frame_text(kernel[-1])}")
+    else:  # raised while JAX ran the traced kernel (e.g. Pallas interpret mode): the op's own line
+        interpreted = compat.interpreted_op_source(error)
+        if interpreted:
+            lines.append(f"kernel's code  : {interpreted} (the traced op being run when it raised)")
+    return lines
+
+
+def _frame_text(frame: traceback.FrameSummary) -> str:
+    path = os.path.abspath(frame.filename)
+    for root in (*_LIBRARY_ROOTS, os.getcwd() + os.sep):
+        parent = os.path.dirname(root.rstrip(os.sep)) + os.sep
+        if path.startswith(parent):
+            path = path[len(parent) :]
+            break
+    code = f": {frame.line.strip()}" if frame.line else ""
+    return f"{path}:{frame.lineno} in {frame.name}{code}"
+
+
 def _call(case: Case, check: str, thunk: Callable[[], object]) -> object:
-    """Run the implementation; an exception on valid input is a conformance failure."""
+    """Run the implementation; an exception on valid input is a conformance failure naming where."""
     try:
-        return thunk()
+        with compat.unfiltered_tracebacks():
+            return thunk()
     except ConformanceFailure:
         raise
     except Exception as e:  # the kernel's own error, re-raised with the case attached
-        raise fail(case, check, f"raised {type(e).__name__} on valid input", [error_text(e)]) from e
+        details = [*error_locations(e), error_text(e)]
+        raise fail(case, check, f"raised {type(e).__name__} on valid input", details) from e
 
 
 def _run(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarray, ...], jax.Array]:
@@ -649,9 +707,13 @@ def check_accuracy(case: Case) -> AccuracyRecord:
     ACCURACY_RECORDS.append(record)
     limit = tolerances.ACCURACY_RATIO_LIMIT
     if not record.ratio <= limit:
+        spec = case.spec
+        why = [f"the baseline   : {spec.accuracy_baseline_does}"] if spec.accuracy_baseline_does else []
+        why += [f"to match it    : {spec.accuracy_how_to_match}"] if spec.accuracy_how_to_match else []
         raise fail(case, "accuracy", f"clearly less accurate than the baseline {baseline}", [
             *record.table(),
             f"rms ratio      : {record.ratio:.2f} (limit {limit}: {tolerances.ACCURACY_RATIO_REASON})",
+            *why,
         ])  # fmt: skip
     return record
 

@@ -188,6 +188,33 @@ def has_skip_device_barrier() -> bool:
     return "skip_device_barrier" in inspect.signature(pltpu.CompilerParams).parameters
 
 
+def unfiltered_tracebacks() -> Any:
+    """Context in which JAX keeps its own frames in tracebacks (so a failure can say where JAX raised)."""
+    from jax._src import config as jax_config
+
+    return jax_config.traceback_filtering("off")
+
+
+def interpreted_op_source(error: BaseException) -> str | None:
+    """The source line of the traced op JAX was evaluating when ``error`` was raised, if any.
+
+    An interpreter (Pallas' TPU interpret mode, ``jax.core.eval_jaxpr``) runs a
+    kernel long after the kernel's Python has returned, so no frame of the
+    kernel is on the stack; the innermost interpreter frame holding an ``eqn``
+    knows which op of the kernel it was running, and where that op was written.
+    """
+    from jax._src import source_info_util
+
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        eqn = tb.tb_frame.f_locals.get("eqn")
+        if getattr(eqn, "source_info", None) is not None:
+            found = eqn
+        tb = tb.tb_next
+    return source_info_util.summarize(found.source_info) if found is not None else None
+
+
 def mlir_isa(kind: Any, thing: Any) -> bool:
     """``isinstance`` for MLIR types and attributes.
 

@@ -28,7 +28,7 @@ EXPECTED_REJECTION: dict[str, str] = {
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_mrs_allreduce_then_slice": "forbidden      : all-reduce",
     "broken_mrs_wrong_custom_vjp_gradient": "gradient d_",
-    "broken_mrs_bfloat16_partial_sums": "(baseline)",
+    "broken_mrs_bfloat16_partial_sums": "to match it    : keep the partial sums in float32",
 }
 
 

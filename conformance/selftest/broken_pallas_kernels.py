@@ -25,6 +25,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_drops_last_row_of_odd_shards": "test_values",
     "broken_pallas_skips_final_dma_wait": "test_races",
     "broken_pallas_dma_before_barrier_wait": "test_barrier_protocol",
+    "broken_pallas_one_coordinate_device_id": "test_output_sharding",
     "broken_pallas_waits_for_missing_signal": "test_values",
     "broken_pallas_untiled_halves": "test_tpu_layout",
     "broken_pallas_refuses_every_tpu_shape": "test_tpu_layout",
@@ -34,15 +35,19 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_untiled_halves": "must be aligned to tiles",
     "broken_pallas_refuses_every_tpu_shape": "refuses the family's TPU-native shape",
     "broken_pallas_dma_before_barrier_wait": "before the kernel waits on its barrier semaphore",
+    # where: JAX's interpreter raised, at the kernel's semaphore_signal naming a 1-coordinate peer
+    "broken_pallas_one_coordinate_device_id": "broken_pallas_kernels.py:",
     "broken_pallas_skips_default_barrier": "skips the default device barrier",
 }
 
 
 def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axes, shared_semaphores,
-            floor_halves, final_wait, barrier, barrier_expect):  # fmt: skip
+            floor_halves, final_wait, barrier, barrier_expect, ring_coordinate_only=False):  # fmt: skip
     n, me, rows = lax.axis_size(axis_name), lax.axis_index(axis_name), x_ref.shape[0]
 
     def at(i):
+        if ring_coordinate_only:  # names the peer by its ring coordinate alone, wrong on a 2-D mesh
+            return (i,)
         return tuple(i if a == axis_name else lax.axis_index(a) for a in mesh_axes)
 
     right, left = at(lax.rem(me + 1, n)), at(lax.rem(me + n - 1, n))
@@ -147,6 +152,10 @@ if compat.has_skip_device_barrier():  # JAX 0.7.1 and later
 _register("broken_pallas_waits_for_missing_signal",
           "waits for three barrier signals when only two neighbours send one",
           barrier_expect=3)  # fmt: skip
+_register("broken_pallas_one_coordinate_device_id",
+          "names its ring neighbour by the ring coordinate alone: right on a 1-D mesh, an error inside "
+          "JAX's interpreter on a 2-D one",
+          ring_coordinate_only=True)  # fmt: skip
 _register("broken_pallas_untiled_halves",
           "a correct ring that ignores TPU tiling: ceil/floor halves of every shard, no refusal; "
           "exact under interpret mode, refused by a TPU's compiler")  # fmt: skip

@@ -99,5 +99,9 @@ ALLGATHER_MATMUL = FamilySpec(
     backward_byte_bound_text="(n-1)/n of lhs plus (n-1)/n of one [M, K] partial of d_lhs",
     accuracy_dtypes=("bfloat16", "float16"),
     accuracy_dims={"rows_per_shard": 16, "K": 32, "cols_per_shard": 16},
+    accuracy_baseline_does="gathers lhs exactly (data movement), then one dot per output block that "
+    "accumulates all K products in float32 and rounds once to the output dtype",
+    accuracy_how_to_match="accumulate in float32 (jnp.dot(..., preferred_element_type=jnp.float32)) and "
+    "cast to the output dtype once, after the last partial product, not per ring step",
     tpu_native_dims={"rows_per_shard": 32, "K": 128, "cols_per_shard": 128},
 )

@@ -89,6 +89,9 @@ class FamilySpec:
     accuracy_dtypes: tuple[str, ...] = ()
     #: Dims for the accuracy check: enough output elements for a stable error statistic.
     accuracy_dims: Mapping[str, int] | None = None
+    #: What the baseline does that makes it this accurate, and how a kernel matches it (failure text).
+    accuracy_baseline_does: str = ""
+    accuracy_how_to_match: str = ""
 
     # -- TPU layout: what a Pallas kernel compiled for TPU chips must accept
     #: Dims at which every buffer fills whole TPU tiles for every dtype of the

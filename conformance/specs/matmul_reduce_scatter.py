@@ -99,5 +99,10 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     backward_byte_bound_text="one gather of the cotangent: (n-1)/n of it per device",
     accuracy_dtypes=("bfloat16", "float16"),
     accuracy_dims={"rows_per_shard": 16, "k_per_shard": 4, "cols": 64},
+    accuracy_baseline_does="computes each device's partial product in float32 and reduce-scatters the "
+    "float32 partials (lax.psum_scatter), rounding to the output dtype once, after the sum",
+    accuracy_how_to_match="keep the partial sums in float32 while they travel the ring (they cost 2x the "
+    "bytes of a 16-bit partial, which the byte bound allows) and cast once at the end; a reduce-scatter "
+    "of 16-bit partials, XLA's own psum_scatter included, rounds at every addition",
     tpu_native_dims={"rows_per_shard": 32, "k_per_shard": 128, "cols": 128},
 )
