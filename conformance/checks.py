@@ -66,8 +66,11 @@ def _roots(*modules: object) -> tuple[str, ...]:
 
 #: Where a frame's file lies decides whose code it is.
 _LIBRARY_ROOTS = _roots(jax, jaxlib, np)
-_SUITE_ROOTS = (*_roots(conformance, fixtures), sysconfig.get_paths()["stdlib"] + os.sep)
+_SUITE_ROOTS = _roots(conformance, fixtures)
 _KERNEL_ROOTS_IN_SUITE = _roots(conformance.selftest)
+#: Python's own library (not the site-packages inside it, where a user's kernels may be installed).
+_STDLIB_ROOT = sysconfig.get_paths()["stdlib"] + os.sep
+_SITE_ROOTS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})
 
 
 def _whose(filename: str) -> str:
@@ -76,6 +79,8 @@ def _whose(filename: str) -> str:
         return "library"
     if path.startswith(_SUITE_ROOTS) and not path.startswith(_KERNEL_ROOTS_IN_SUITE):
         return "suite"
+    if path.startswith(_STDLIB_ROOT) and not path.startswith(_SITE_ROOTS):
+        return "suite"  # threading, functools, ...: neither the kernel's code nor the raiser's
     return "kernel"
 
 
