@@ -20,7 +20,6 @@ import jaxlib
 import numpy as np
 
 import conformance
-import conformance.selftest
 import fixtures
 from conformance import compat, hlo, mosaic, pallas_protocol, runner
 from conformance.runner import Case
@@ -67,7 +66,8 @@ def _roots(*modules: object) -> tuple[str, ...]:
 #: Where a frame's file lies decides whose code it is.
 _LIBRARY_ROOTS = _roots(jax, jaxlib, np)
 _SUITE_ROOTS = _roots(conformance, fixtures)
-_KERNEL_ROOTS_IN_SUITE = _roots(conformance.selftest)
+#: The suite's own test kernels (broken and other-style ones) are kernel code, not the suite's.
+_KERNEL_ROOTS_IN_SUITE = (os.path.join(_SUITE_ROOTS[0], "selftest") + os.sep,)
 #: Python's own library (not the site-packages inside it, where a user's kernels may be installed).
 _STDLIB_ROOT = sysconfig.get_paths()["stdlib"] + os.sep
 _SITE_ROOTS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})
