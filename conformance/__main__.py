@@ -33,12 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("case", help="MESH:DIM=V,...:DTYPE:seed=S, as printed in the failure")
     replay.add_argument("--platform", default="cpu")
     replay.add_argument("--kernels", action="append", default=[])
+    replay.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop a Pallas kernel running longer than this in interpret mode")  # fmt: skip
+    replay.add_argument("--check-timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop the worker process when the check takes longer")  # fmt: skip
+    replay.add_argument("--isolation", choices=("process", "off"), default="process",
+                        help="check Pallas kernels on CPU in a stoppable worker process")  # fmt: skip
     listing = sub.add_parser("list", help="list registered implementations per family")
     listing.add_argument("--kernels", action="append", default=[])
     args = parser.parse_args(argv)
     _load([m for opt in args.kernels for m in opt.split(",") if m])
 
-    from conformance import checks, compat, registry, specs
+    from conformance import checks, compat, isolation, registry, runner, specs
     from conformance.runner import Case
 
     if args.command == "list":
@@ -55,14 +61,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown check {args.check!r}; one of {', '.join(checks.CHECKS)}")
     case = Case.from_token(args.family, args.impl, args.case, platform=args.platform)
     print("\n".join(case.describe()))
+    if args.hang_timeout is not None:
+        runner.HANG_TIMEOUT_S = args.hang_timeout
+    if args.check_timeout is not None:
+        isolation.CHECK_TIMEOUT_S = args.check_timeout
+    isolation.MODE = args.isolation
     try:
-        checks.CHECKS[args.check](case)
+        isolation.call(checks.CHECKS[args.check], case)
     except checks.ConformanceFailure as failure:
         print(f"\nFAILED {args.check}\n{failure}")
         return 1
-    except compat.HostCannotLower as limit:
+    except compat.HostLimit as limit:
         print(f"\nSKIPPED {args.check}: {limit}")
         return 0
+    finally:
+        isolation.Worker.stop_shared()
     print(f"\nPASSED {args.check}")
     return 0
 

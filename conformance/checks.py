@@ -26,14 +26,24 @@ from conformance.runner import Case
 
 
 class ConformanceFailure(AssertionError):
-    """A check found the implementation does not conform."""
+    """A check found the implementation does not conform.
+
+    ``case``, ``check`` and ``what`` (the one-line verdict) are set when :func:`fail` made it,
+    so a report can group failures by cause; ``None`` otherwise.
+    """
+
+    case: Case | None = None
+    check: str | None = None
+    what: str | None = None
 
 
 def fail(case: Case, check: str, what: str, details: Sequence[str] = ()) -> ConformanceFailure:
     lines = [f"[{check}] {case.family}/{case.impl}: {what}", *("  " + h for h in case.describe())]
     lines += ["  " + d for d in details]
     lines.append(f"  replay         : {case.replay_command(check)}")
-    return ConformanceFailure("\n".join(lines))
+    failure = ConformanceFailure("\n".join(lines))
+    failure.case, failure.check, failure.what = case, check, what
+    return failure
 
 
 def _device_coords(mesh: jax.sharding.Mesh, device: jax.Device) -> str:
@@ -103,12 +113,34 @@ def error_locations(error: BaseException) -> list[str]:
     return lines
 
 
+def stuck_locations(stacks: Sequence[traceback.StackSummary]) -> tuple[bool, list[str]]:
+    """Where hung threads are: each one's innermost frame of kernel code, else of JAX (threads in
+    neither, e.g. idle timers, are left out); identical places are counted, not repeated.
+
+    Returns whether any thread is stuck in the kernel's own code, and the lines.
+    """
+    places: dict[str, int] = {}
+    in_kernel = False
+    for stack in stacks:
+        kernel = [f for f in stack if _whose(f.filename) == "kernel"]
+        library = [f for f in stack if _whose(f.filename) == "library"]
+        if kernel:
+            in_kernel = True
+            place = f"kernel's code  : {_frame_text(kernel[-1])}"
+        elif library:
+            place = f"inside JAX     : {_frame_text(library[-1])}"
+        else:
+            continue
+        places[place] = places.get(place, 0) + 1
+    return in_kernel, [f"{p}  ({n} thread{'s' * (n > 1)})" for p, n in places.items()]
+
+
 def _frame_text(frame: traceback.FrameSummary) -> str:
     path = os.path.abspath(frame.filename)
-    for root in (*_LIBRARY_ROOTS, os.getcwd() + os.sep):
-        parent = os.path.dirname(root.rstrip(os.sep)) + os.sep
-        if path.startswith(parent):
-            path = path[len(parent) :]
+    # JAX's files as jax/..., the user's relative to where they run (a library's parent, the cwd itself)
+    for root in (*(os.path.dirname(r.rstrip(os.sep)) + os.sep for r in _LIBRARY_ROOTS), os.getcwd() + os.sep):
+        if path.startswith(root):
+            path = path[len(root) :]
             break
     code = f": {frame.line.strip()}" if frame.line else ""
     return f"{path}:{frame.lineno} in {frame.name}{code}"

@@ -71,8 +71,19 @@ def varying_shape_dtype_struct(
     return jax.ShapeDtypeStruct(tuple(shape), dtype, vma=frozenset(varying_axes))
 
 
-class HostCannotLower(RuntimeError):
-    """Lowering for another backend failed because of this host, not the kernel: a skip, with reason."""
+class HostLimit(RuntimeError):
+    """This host (or this JAX on it) cannot do what a check needs; not the kernel's failure.
+
+    Reported as a skip naming the reason, never as a failure or a pass.
+    """
+
+
+class HostCannotLower(HostLimit):
+    """Lowering for another backend failed because of this host, not the kernel."""
+
+
+class HostCannotRun(HostLimit):
+    """TPU interpret mode could not run the kernel on this host (e.g. JAX's interpreter deadlocked)."""
 
 
 #: Errors JAX raises when a lowering asks the *local* device what it is (message prefix -> reason).

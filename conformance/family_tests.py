@@ -6,8 +6,10 @@ a thin call into :mod:`conformance.checks`, which holds the logic and the
 failure messages.
 
 Value checks draw whole cases with hypothesis (mesh, dims, dtype, seed); the
-fixed-shape checks run each implementation once per mesh at the family's
-canonical dims and share that one compile and run.
+fixed-shape checks run each implementation once per mesh at each of the family's two
+fixed shapes (the canonical one, with odd rows per shard, and its even twin) and
+share that one compile and run. A defect that needs an odd shape then fails the
+odd half only, and the run's summary says so (see :mod:`conformance.report`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import checks, compat, registry, specs, strategies
+from conformance import checks, compat, isolation, registry, specs, strategies
 from conformance.runner import Case
 from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
@@ -43,20 +45,29 @@ def meshes(configs: tuple[MeshConfig, ...]):
     return mark
 
 
+class CheckFailed(pytest.fail.Exception):
+    """pytest's failure outcome (message only, no traceback), carrying the check's
+    :class:`~conformance.checks.ConformanceFailure` for the run's summary of causes."""
+
+    def __init__(self, failure: checks.ConformanceFailure, message: str | None = None) -> None:
+        super().__init__(str(failure) if message is None else message, pytrace=False)
+        self.failure = failure
+
+
 def run(check, case: Case) -> None:
     """Run one check; report a failure as its message alone (no traceback into the suite).
 
-    What this host cannot do (:class:`compat.HostCannotLower`) is a skip naming why, never a failure.
+    What this host cannot do (:class:`compat.HostLimit`) is a skip naming why, never a failure.
     """
     try:
-        check(case)
+        isolation.call(check, case)  # a Pallas kernel on CPU: in the worker process
     except checks.ConformanceFailure as failure:
-        message = str(failure)
-    except compat.HostCannotLower as limit:
+        caught = failure
+    except compat.HostLimit as limit:
         pytest.skip(f"{case.impl}: {limit}")
     else:
         return
-    pytest.fail(message, pytrace=False)  # outside the except: no chained duplicate
+    raise CheckFailed(caught)  # outside the except: no chained duplicate
 
 
 def only(predicate: str):
@@ -92,11 +103,19 @@ def canonical_case(
     mesh: MeshConfig,
     dtype: str = "float32",
     dma_mode: str | None = None,
+    shape: str = "odd",
 ) -> Case:
-    """The family's fixed dims; a Pallas kernel on CPU runs in the adversarial "on_wait" DMA mode."""
-    if dma_mode is None and platform == "cpu" and registry.get(family, impl).pallas:
+    """The family's fixed dims (``shape``: the canonical ``"odd"`` one or its ``"even"`` twin).
+
+    A Pallas kernel on CPU runs in the adversarial "on_wait" DMA mode; on TPU chips at the
+    family's TPU-native dims, which both fixed shapes then name (the even one is skipped).
+    """
+    record, spec = registry.get(family, impl), specs.get(family)
+    if dma_mode is None and platform == "cpu" and record.pallas:
         dma_mode = "on_wait"
-    dims = strategies.tpu_native(family, impl, platform, dict(specs.get(family).canonical_dims))
+    dims = strategies.tpu_native(family, impl, platform, spec.fixed_dims(shape))
+    if shape != "odd" and dims == strategies.tpu_native(family, impl, platform, spec.fixed_dims("odd")):
+        pytest.skip(f"{impl}: on {platform} both fixed shapes are the TPU-native dims; [odd] runs them")
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
 
 
@@ -113,28 +132,44 @@ def test_values(family: str, implementation: str, platform: str, data: st.DataOb
 
 
 @meshes(MESH_CONFIGS)
-def test_output_sharding(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
-    run(checks.check_output_sharding, canonical_case(family, implementation, platform, mesh_config))
+def test_output_sharding(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, shape: str
+) -> None:
+    run(
+        checks.check_output_sharding,
+        canonical_case(family, implementation, platform, mesh_config, shape=shape),
+    )
 
 
 @meshes(REPRESENTATIVE_MESHES)
-def test_dtype(family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str) -> None:
-    run(checks.check_dtype, canonical_case(family, implementation, platform, mesh_config, dtype))
+def test_dtype(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str, shape: str
+) -> None:
+    run(checks.check_dtype, canonical_case(family, implementation, platform, mesh_config, dtype, shape=shape))
 
 
 @meshes(MESH_CONFIGS)
-def test_determinism(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
-    run(checks.check_determinism, canonical_case(family, implementation, platform, mesh_config))
+def test_determinism(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, shape: str
+) -> None:
+    run(checks.check_determinism, canonical_case(family, implementation, platform, mesh_config, shape=shape))
 
 
 @meshes(MESH_CONFIGS)
-def test_collectives(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
-    run(checks.check_collectives, canonical_case(family, implementation, platform, mesh_config))
+def test_collectives(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, shape: str
+) -> None:
+    run(checks.check_collectives, canonical_case(family, implementation, platform, mesh_config, shape=shape))
 
 
 @meshes(MESH_CONFIGS)
-def test_cross_lowering(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
-    run(checks.check_cross_lowering, canonical_case(family, implementation, platform, mesh_config))
+def test_cross_lowering(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, shape: str
+) -> None:
+    run(
+        checks.check_cross_lowering,
+        canonical_case(family, implementation, platform, mesh_config, shape=shape),
+    )
 
 
 @meshes(REPRESENTATIVE_MESHES)
@@ -145,9 +180,10 @@ def test_bad_inputs(family: str, implementation: str, platform: str, mesh_config
 @pytest.mark.cpu
 @pallas_only
 @meshes(MESH_CONFIGS)
-def test_races(family: str, implementation: str, mesh_config: MeshConfig, dma_mode: str) -> None:
+def test_races(family: str, implementation: str, mesh_config: MeshConfig, dma_mode: str, shape: str) -> None:
     """Pallas kernels under TPU interpret mode with race detection, in both DMA modes."""
-    run(checks.check_races, canonical_case(family, implementation, "cpu", mesh_config, dma_mode=dma_mode))
+    case = canonical_case(family, implementation, "cpu", mesh_config, dma_mode=dma_mode, shape=shape)
+    run(checks.check_races, case)
 
 
 @pytest.mark.cpu
@@ -163,18 +199,20 @@ def test_barrier_protocol(family: str, implementation: str, mesh_config: MeshCon
 def test_tpu_layout(family: str, implementation: str, dtype: str) -> None:
     """Lowered for TPU chips at every tile-edge shape: refused with the constraint named, or
     lowered to DMA windows and buffers a TPU compiler accepts; the TPU-native shape accepted."""
-    failures, limited = [], []
+    failures: list[checks.ConformanceFailure] = []
+    limited = []
     shapes = strategies.tpu_layout_dims(family)
     for dims in shapes:
         try:
             checks.check_tpu_layout(Case.make(family, implementation, TPU_LAYOUT_MESH, dims, dtype))
         except checks.ConformanceFailure as failure:
-            failures.append(str(failure))
-        except compat.HostCannotLower as limit:
+            failures.append(failure)
+        except compat.HostLimit as limit:
             limited.append(str(limit))
     if failures:
         more = [f"... and {len(failures) - 3} more shapes"] if len(failures) > 3 else []
-        pytest.fail("\n".join([f"{len(failures)} shape(s) fail:", *failures[:3], *more]), pytrace=False)
+        text = "\n".join([f"{len(failures)} shape(s) fail:", *map(str, failures[:3]), *more])
+        raise CheckFailed(failures[0], text)
     if limited:  # the shapes that were tried passed; the rest this host could not try
         pytest.skip(f"{implementation}: {len(limited)} of {len(shapes)} shapes: {limited[0]}")
 

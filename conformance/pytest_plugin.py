@@ -7,6 +7,8 @@ Options:
     calls join the run next to the built-ins (``kernels``).
 ``--impl=GLOB[,GLOB...]``
     run only implementations whose names match one of the globs.
+``--hang-timeout=SECONDS``, ``--check-timeout=SECONDS``, ``--isolation=process|off``
+    the bounds on a Pallas kernel in interpret mode (see :mod:`conformance.isolation`).
 
 Each family test module sets ``FAMILY = "<name>"``; tests that take
 ``implementation`` are parametrized over that family's registered
@@ -18,13 +20,15 @@ so ``pytest -m tpu`` on a CPU host skips rather than errors.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections import defaultdict
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from conformance import compat, registry, runner, specs
+from conformance import compat, isolation, registry, report, runner, specs
+from conformance.specs.base import FIXED_SHAPES
 from fixtures import devices as devices_lib
 from fixtures import meshes
 
@@ -53,6 +57,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="import these modules so their conformance.register calls join the run")  # fmt: skip
     group.addoption("--hang-timeout", type=float, default=runner.HANG_TIMEOUT_S, metavar="SECONDS",
                     help="stop a Pallas kernel running longer than this in interpret mode")  # fmt: skip
+    group.addoption("--check-timeout", type=float, default=isolation.CHECK_TIMEOUT_S, metavar="SECONDS",
+                    help="stop the worker process when a check of a Pallas kernel takes longer")  # fmt: skip
+    group.addoption("--isolation", choices=("process", "off"), default=isolation.MODE,
+                    help="process (default): check Pallas kernels on CPU in a worker process that can "
+                         "be stopped whatever hangs; off: in this process")  # fmt: skip
     group.addoption("--impl", default=None, metavar="GLOB[,GLOB...]",
                     help="run only implementations whose names match one of these globs")  # fmt: skip
 
@@ -64,6 +73,8 @@ def kernel_modules(config: pytest.Config) -> list[str]:
 def pytest_configure(config: pytest.Config) -> None:
     compat.configure_cpu_devices(devices_lib.CPU_DEVICE_COUNT)
     runner.HANG_TIMEOUT_S = config.getoption("hang_timeout")
+    isolation.CHECK_TIMEOUT_S = config.getoption("check_timeout")
+    isolation.MODE = config.getoption("isolation")
     if not config.getoption("hypothesis_profile", None):
         settings.load_profile("conformance-ci")
     for module in ["kernels", *kernel_modules(config)]:
@@ -75,6 +86,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
         names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))
         raise pytest.UsageError(f"--impl={pattern} matches no implementation; registered: {names}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    isolation.Worker.stop_shared()
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +113,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("mesh_config", configs, ids=[c.label for c in configs])
     if "dma_mode" in names:
         metafunc.parametrize("dma_mode", runner.DMA_MODES)
+    if "shape" in names:
+        metafunc.parametrize("shape", FIXED_SHAPES)
     if "dtype" in names:
         field = getattr(metafunc.function, "dtypes_field", "dtypes")
         metafunc.parametrize("dtype", getattr(specs.get(metafunc.module.FAMILY), field))
@@ -135,6 +152,43 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         found = len(devices_lib.devices_of(platform))
         if found < config.num_devices:
             pytest.skip(f"needs {config.num_devices} devices, found {found}")
+
+
+#: Every family test's outcome this run, for the summary of failures by cause.
+VERDICTS: list[report.Verdict] = []
+
+
+def _conformance_failure(error: BaseException | None):
+    """The check's failure inside a test's exception (hypothesis may group several: take the smallest)."""
+    from conformance.checks import ConformanceFailure
+
+    found, stack = [], [error]
+    while stack:
+        e = stack.pop()
+        if e is None:
+            continue
+        if isinstance(e, ConformanceFailure) and e.case is not None:
+            found.append(e)
+        stack += [getattr(e, "failure", None), *getattr(e, "exceptions", ())]
+    return min(found, key=lambda f: report.case_size(f.case), default=None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    rep = outcome.get_result()
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if rep.when != "call" or "implementation" not in params or not hasattr(item.module, "FAMILY"):
+        return
+    check = getattr(item, "originalname", item.name).removeprefix("test_")
+    verdict = report.Verdict(item.module.FAMILY, params["implementation"], check,
+                             "passed" if rep.passed else "failed", params.get("shape"))  # fmt: skip
+    if rep.failed:
+        failure = _conformance_failure(call.excinfo.value if call.excinfo else None)
+        if failure is not None:
+            verdict = dataclasses.replace(verdict, check=failure.check, case=failure.case, what=failure.what)
+    if not rep.skipped:
+        VERDICTS.append(verdict)
 
 
 def _byte_table(tr, title: str, records: list) -> None:
@@ -175,6 +229,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
             tr.write_line(f"{r.family:<21} {r.impl:<{width}}  {r.mesh:<13} {r.dtype:<9} "
                           f"{r.rms:.3e} / {r.baseline_rms:.3e} = {r.ratio:.2f}")  # fmt: skip
     _tpu_layout_table(tr, TPU_LAYOUT_RECORDS)
+    lines = report.summarize(VERDICTS)
+    if lines:
+        tr.section("conformance failures by implementation: each cause once, smallest failing case first")
+        for line in lines:
+            tr.write_line(line)
 
 
 def _tpu_layout_table(tr, records: list) -> None:

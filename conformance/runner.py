@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import shlex
+import sys
 import threading
+import traceback
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -329,6 +332,10 @@ def lowered_pullback_for(case: Case, target: str) -> Any:
 #: Seconds a Pallas kernel may run in interpret mode before the watchdog stops it.
 HANG_TIMEOUT_S: float = 20.0
 
+#: Seconds a stopped kernel has to unwind after the watchdog's abort before it counts as
+#: unstoppable (a thread stuck below Python, where no flag or semaphore reaches it).
+ABORT_GRACE_S: float = 10.0
+
 #: Implementations that hung this session -> where; their later runs fail at once.
 HUNG: dict[tuple[str, str], str] = {}
 
@@ -337,8 +344,41 @@ class KernelHang(RuntimeError):
     """A Pallas kernel did not finish in interpret mode within ``HANG_TIMEOUT_S``."""
 
 
+def stuck_stacks() -> list[traceback.StackSummary]:
+    """The Python stack of every thread but this one and the main one (which waits on the kernel)."""
+    skip = {threading.get_ident(), threading.main_thread().ident}
+    return [traceback.extract_stack(f) for ident, f in sys._current_frames().items() if ident not in skip]
+
+
+def _end_process(case: Case, stacks: list[traceback.StackSummary]) -> None:
+    """Default for :data:`on_unstoppable`: say what hung and where, then end this process.
+
+    Checks of Pallas kernels on CPU run in a worker process (:mod:`conformance.isolation`),
+    which reports instead; with isolation off this ends the run, which beats no bound.
+    """
+    from conformance.checks import stuck_locations  # here: checks imports this module
+
+    lines = [
+        f"{case.impl} ({case.family}, {case.token}) hung in TPU interpret mode and did not stop "
+        "when the watchdog aborted it; ending the process. Its threads are stuck at"
+    ]
+    lines += ["  " + place for place in stuck_locations(stacks)[1]]
+    os.write(2, ("\n".join(lines) + "\n").encode())
+    os._exit(70)
+
+
+#: Called from the watchdog's thread with the case and :func:`stuck_stacks` when a kernel the
+#: watchdog stopped has not unwound within ``ABORT_GRACE_S``; it must not return.
+on_unstoppable: Callable[[Case, list[traceback.StackSummary]], None] = _end_process
+
+
 def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
-    """Call ``fn``; for a Pallas kernel on CPU, under a watchdog that stops a hung kernel."""
+    """Call ``fn``; for a Pallas kernel on CPU, under a watchdog that stops a hung kernel.
+
+    At ``HANG_TIMEOUT_S`` the watchdog aborts the kernel (interpret mode's failure
+    flag; every device unwinds). A kernel still running ``ABORT_GRACE_S`` later is
+    beyond any abort: :data:`on_unstoppable` ends the process, naming where it hangs.
+    """
     if not (case.implementation.pallas and case.platform == "cpu"):
         return fn(*args)
     key = (case.family, case.impl)
@@ -346,10 +386,18 @@ def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
         raise KernelHang(f"not run again: {HUNG[key]}")
     # Isolation: a DMA an earlier kernel left in flight must not land in this run.
     compat.reset_interpret_state()
-    fired = threading.Event()
+    fired, done = threading.Event(), threading.Event()
+
+    def unstoppable() -> None:
+        if not done.is_set():
+            on_unstoppable(case, stuck_stacks())
+
+    grace = threading.Timer(ABORT_GRACE_S, unstoppable)
+    grace.daemon = True
 
     def stop() -> None:
         fired.set()
+        grace.start()
         compat.abort_interpreted_kernel(f"{case.impl} exceeded {HANG_TIMEOUT_S:g}s (watchdog)")
 
     timer = threading.Timer(HANG_TIMEOUT_S, stop)
@@ -363,7 +411,9 @@ def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
             compat.reset_interpret_state(after_failure=True)  # else later kernels inherit the failure
             raise
     finally:
+        done.set()
         timer.cancel()
+        grace.cancel()
     if fired.is_set():
         compat.reset_interpret_state(after_failure=True)
         where = f"{case.mesh.label}, dma_mode={case.dma_mode}"

@@ -9,6 +9,7 @@ knobs). ``EXPECTED_REJECTION`` names the check meant to catch each, and
 from __future__ import annotations
 
 import functools
+import threading
 
 import jax
 from jax import lax
@@ -27,11 +28,14 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_dma_before_barrier_wait": "test_barrier_protocol",
     "broken_pallas_one_coordinate_device_id": "test_output_sharding",
     "broken_pallas_waits_for_missing_signal": "test_values",
+    "broken_pallas_blocks_beyond_the_watchdog": "test_output_sharding",
     "broken_pallas_untiled_halves": "test_tpu_layout",
     "broken_pallas_refuses_every_tpu_shape": "test_tpu_layout",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_waits_for_missing_signal": "did not finish within",
+    # bounded: the worker process reports where its threads are stuck and is replaced
+    "broken_pallas_blocks_beyond_the_watchdog": "beyond the watchdog's reach, in the kernel's own code",
     "broken_pallas_untiled_halves": "must be aligned to tiles",
     "broken_pallas_refuses_every_tpu_shape": "refuses the family's TPU-native shape",
     "broken_pallas_dma_before_barrier_wait": "before the kernel waits on its barrier semaphore",
@@ -41,9 +45,20 @@ EXPECTED_MESSAGE: dict[str, str] = {
 }
 
 
+#: Never set: a wait on it is one that no abort of interpret mode reaches.
+_NEVER = threading.Event()
+
+
+def _wait_forever() -> None:
+    _NEVER.wait()
+
+
 def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axes, shared_semaphores,
-            floor_halves, final_wait, barrier, barrier_expect, ring_coordinate_only=False):  # fmt: skip
+            floor_halves, final_wait, barrier, barrier_expect, ring_coordinate_only=False,
+            blocks_in_callback=False):  # fmt: skip
     n, me, rows = lax.axis_size(axis_name), lax.axis_index(axis_name), x_ref.shape[0]
+    if blocks_in_callback:  # a host callback that never returns: below anything the watchdog can abort
+        jax.debug.callback(_wait_forever)
 
     def at(i):
         if ring_coordinate_only:  # names the peer by its ring coordinate alone, wrong on a 2-D mesh
@@ -152,6 +167,10 @@ if compat.has_skip_device_barrier():  # JAX 0.7.1 and later
 _register("broken_pallas_waits_for_missing_signal",
           "waits for three barrier signals when only two neighbours send one",
           barrier_expect=3)  # fmt: skip
+_register("broken_pallas_blocks_beyond_the_watchdog",
+          "a host callback in the kernel body that never returns: the watchdog's abort cannot reach "
+          "it (as JAX 0.10.2's interpreter deadlocked in _allocate_buffer on 8 devices of a 2-core host)",
+          blocks_in_callback=True)  # fmt: skip
 _register("broken_pallas_one_coordinate_device_id",
           "names its ring neighbour by the ring coordinate alone: right on a 1-D mesh, an error inside "
           "JAX's interpreter on a 2-D one",
@@ -159,6 +178,16 @@ _register("broken_pallas_one_coordinate_device_id",
 _register("broken_pallas_untiled_halves",
           "a correct ring that ignores TPU tiling: ceil/floor halves of every shard, no refusal; "
           "exact under interpret mode, refused by a TPU's compiler")  # fmt: skip
+
+
+@conformance.register(
+    "all_gather",
+    name="broken_pallas_blocks_while_tracing",
+    pallas=True,
+    description="blocks forever while being traced, before any kernel runs: only the check's bound ends it",
+)
+def broken_pallas_blocks_while_tracing(x, *, mesh, axis_name, interpret=False):
+    _wait_forever()
 
 
 @conformance.register(

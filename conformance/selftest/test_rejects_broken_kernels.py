@@ -26,6 +26,7 @@ from conformance.selftest import (
     other_style_kernels,
 )
 from conformance.selftest.other_style_kernels import HOST_LIMIT
+from fixtures.meshes import MESH_CONFIGS
 
 pytestmark = pytest.mark.selftest
 
@@ -51,6 +52,8 @@ BUILTINS = {
     "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
     "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
 }
+#: A defect that needs an odd shape: it fails the fixed-shape checks at the odd shape only.
+ODD_ROWS = "broken_pallas_drops_last_row_of_odd_shards"
 #: Test modules of the run that are not per-implementation family tests.
 NON_FAMILY_TESTS = ("test_seed_backward_allreduce", "test_tpu_refusals")
 #: a short watchdog: the hanging kernel costs this once
@@ -59,12 +62,13 @@ _ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w-]+?)-(?P<rest>.*)\]$")
 
 
 @functools.cache
-def suite_verdicts(tmp_dir: str) -> dict[str, dict[str, list[tuple[str, str]]]]:
-    """{impl: {test: [(outcome, message), ...]}} from one run of the conformance suite."""
+def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]], str]:
+    """{impl: {test: [(outcome, message), ...]}} from one run of the conformance suite, and its output."""
     report = Path(tmp_dir) / "conformance.xml"
     # Built-ins run every check; each broken kernel only the check meant for it; each correct kernel
     # of another style the checks it must pass.
     targeted = " or ".join(f"({impl} and {test})" for impl, test in EXPECTED_REJECTION.items())
+    targeted += f" or ({ODD_ROWS} and test_output_sharding)"  # at both fixed shapes: the summary's grouping
     targeted += "".join(
         f" or ({impl} and ({' or '.join(sorted(tests))}))"
         for impl, tests in other_style_kernels.EXPECTED_PASS.items()
@@ -97,12 +101,17 @@ def suite_verdicts(tmp_dir: str) -> dict[str, dict[str, list[tuple[str, str]]]]:
             verdicts[m["impl"]][m["test"]].append(("skipped", skipped.get("message", "")))
         else:
             verdicts[m["impl"]][m["test"]].append(("passed", ""))
-    return verdicts
+    return verdicts, proc.stdout
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory: pytest.TempPathFactory):
-    return suite_verdicts(str(tmp_path_factory.mktemp("suite")))
+def suite(tmp_path_factory: pytest.TempPathFactory):
+    return suite_run(str(tmp_path_factory.mktemp("suite")))
+
+
+@pytest.fixture(scope="module")
+def verdicts(suite):
+    return suite[0]
 
 
 @pytest.mark.parametrize("impl", sorted(BUILTINS))
@@ -150,6 +159,30 @@ def test_truncating_kernel_fails_bad_inputs_on_every_mesh_type_for_its_real_reas
     for outcome, message in outcomes:
         assert outcome == "failed", (outcome, message)
         assert "returned a result of shape" in message, message
+
+
+def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized_as_one_cause(suite) -> None:
+    verdicts, output = suite
+    outcomes = verdicts[ODD_ROWS]["test_output_sharding"]
+    names = [message for outcome, message in outcomes if outcome == "failed"]
+    assert len(outcomes) == 2 * len(MESH_CONFIGS), outcomes  # every mesh, at both fixed shapes
+    assert len(names) == len(MESH_CONFIGS), outcomes  # the odd half
+    assert all("rows_per_shard=3" in message for message in names), names[0]
+    summary = output[output.index("conformance failures by implementation") :]
+    block = summary[summary.index(f"\nall_gather/{ODD_ROWS}:") :]
+    block = block[: block.index("start here")]
+    assert "needs the odd shape" in block, block
+    causes = re.findall(r"^\s+(\d+)x (.*)$", block, re.M)
+    assert len(causes) == 1, block  # one cause for every failure of the kernel, whatever the check
+    assert int(causes[0][0]) == sum(o == "failed" for t in verdicts[ODD_ROWS].values() for o, _ in t), block
+
+
+def test_a_hang_beyond_the_watchdog_ends_with_a_verdict_and_the_kernel_is_not_run_again(verdicts) -> None:
+    outcomes = verdicts["broken_pallas_blocks_beyond_the_watchdog"]["test_output_sharding"]
+    assert [o for o, _ in outcomes] == ["failed"] * 2 * len(MESH_CONFIGS), outcomes
+    first, *rest = (message for _, message in outcomes)
+    assert "threads were stuck at" in first and "_wait_forever: _NEVER.wait()" in first, first
+    assert all("not run again: it hung on" in message for message in rest), rest[0]
 
 
 def test_replay_command_reproduces_a_failure(verdicts) -> None:

@@ -45,6 +45,10 @@ class BadInput:
     must_mention: tuple[str, ...]  #: substrings the error message must contain
 
 
+#: The fixed-shape checks' two shapes: the canonical one (an odd dim) and its even twin.
+FIXED_SHAPES = ("odd", "even")
+
+
 @dataclasses.dataclass(frozen=True)
 class FamilySpec:
     """The contract of a kernel family: ``fn(*operands, *, mesh, axis_name)``."""
@@ -56,7 +60,9 @@ class FamilySpec:
     out_shape: Callable[[Dims, int], tuple[int, ...]]
     #: Named sizes that parametrize shapes, e.g. rows per shard; strategies draw them.
     dims: tuple[str, ...]
-    #: Dims for the fixed-shape checks (sharding, dtype, HLO, lowering, determinism).
+    #: Dims for the fixed-shape checks (sharding, dtype, HLO, lowering, determinism, races).
+    #: At least one is odd (odd rows per shard catch a dropped last row); the checks also
+    #: run at :attr:`even_dims`, so a defect that needs an odd shape shows as exactly that.
     canonical_dims: Mapping[str, int]
     dtypes: tuple[str, ...]
     #: numpy float64 ground truth over float64 copies of the (dtype-rounded) inputs.
@@ -99,6 +105,22 @@ class FamilySpec:
     #: 128). A Pallas kernel may refuse other shapes on a TPU (naming the
     #: constraint) but must accept these; ``pytest -m tpu`` runs Pallas kernels here.
     tpu_native_dims: Mapping[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        if not any(v % 2 for v in self.canonical_dims.values()):
+            raise ValueError(f"{self.name}: canonical_dims {dict(self.canonical_dims)} has no odd dim, "
+                             "so the fixed-shape checks' even shape would be the same case")  # fmt: skip
+
+    @property
+    def even_dims(self) -> dict[str, int]:
+        """:attr:`canonical_dims` with every odd dim made even (one larger): the second fixed shape."""
+        return {k: v + v % 2 for k, v in self.canonical_dims.items()}
+
+    def fixed_dims(self, shape: str) -> dict[str, int]:
+        """The dims of a fixed shape: ``"odd"`` (:attr:`canonical_dims`) or ``"even"``."""
+        if shape not in FIXED_SHAPES:
+            raise ValueError(f"fixed shape {shape!r} is not one of {FIXED_SHAPES}")
+        return dict(self.canonical_dims) if shape == "odd" else self.even_dims
 
     @property
     def differentiable(self) -> bool:
