@@ -691,6 +691,8 @@ class AccuracyRecord:
     baseline_rms: float
     max_abs: float
     baseline_max_abs: float
+    #: The backward check's records: which gradient (``d_lhs``); ``""`` for the forward result.
+    gradient: str = ""
 
     @property
     def ratio(self) -> float:
@@ -707,6 +709,20 @@ class AccuracyRecord:
 
 
 ACCURACY_RECORDS: list[AccuracyRecord] = []
+#: Filled by :func:`check_backward_accuracy`: one record per gradient.
+BACKWARD_ACCURACY_RECORDS: list[AccuracyRecord] = []
+
+#: What a backward less accurate than the baseline's points to, and the cure (failure message).
+BACKWARD_ACCURACY_HINT = (
+    "a gradient that is a sum over the ring (d_lhs of an all-gather matmul, a reduce-scatter of "
+    "ct @ rhs.T) rounded to the 16-bit dtype at every hop; a ring differentiated by JAX's own autodiff "
+    "(no custom_vjp) does exactly that, since the transpose of each ppermute step carries the "
+    "cotangent's dtype"
+)
+BACKWARD_ACCURACY_CURE = (
+    "write the backward as a custom_vjp whose ring carries float32 accumulators "
+    "(jnp.dot(..., preferred_element_type=jnp.float32)) and casts to the operand's dtype once, at the end"
+)
 
 
 def baseline_of(family: str) -> str:
@@ -755,6 +771,51 @@ def check_accuracy(case: Case) -> AccuracyRecord:
     return record
 
 
+def check_backward_accuracy(case: Case) -> list[AccuracyRecord]:
+    """Each gradient's rms error is no worse than the baseline's backward on the same inputs and
+    cotangent (both against the float64 transpose math), within the forward check's limit."""
+    from conformance import tolerances
+
+    spec, baseline = case.spec, baseline_of(case.family)
+    if spec.vjp_reference is None:
+        raise ValueError(f"family {case.family} defines no gradients")
+    inputs, ct = runner.make_inputs(case), runner.make_cotangent(case)
+    base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
+
+    def pullback(of: Case) -> tuple:
+        return _call(
+            case, "backward_accuracy", lambda: runner.execute_pullback(of, inputs=inputs, cotangent=ct)
+        )
+
+    inputs64, ct64, grads = pullback(case)
+    _, _, base_grads = pullback(base_case)
+    records = []
+    for operand, grad, base_grad, exact in zip(spec.operands, grads, base_grads,
+                                               spec.vjp_reference(*inputs64, ct64), strict=True):  # fmt: skip
+        err = np.asarray(grad).astype(np.float64) - exact
+        base_err = np.asarray(base_grad).astype(np.float64) - exact
+        records.append(AccuracyRecord(case.family, case.impl, baseline, case.mesh.label, case.dtype,
+                                      float(np.sqrt(np.mean(err**2))), float(np.sqrt(np.mean(base_err**2))),
+                                      float(np.max(np.abs(err))), float(np.max(np.abs(base_err))),
+                                      gradient=f"d_{operand.name}"))  # fmt: skip
+    BACKWARD_ACCURACY_RECORDS.extend(records)
+    limit = tolerances.ACCURACY_RATIO_LIMIT
+    worse = [r for r in records if not r.ratio <= limit]
+    if worse:
+        lines = []
+        for r in worse:
+            lines += [f"{r.gradient}:", *("  " + t for t in r.table()), f"  rms ratio    : {r.ratio:.2f}"]
+        raise fail(case, "backward_accuracy",
+                   f"{', '.join(r.gradient for r in worse)} clearly less accurate than the baseline "
+                   f"{baseline}'s backward", [
+                       *lines,
+                       f"limit          : {limit} ({tolerances.ACCURACY_RATIO_REASON})",
+                       f"points to      : {BACKWARD_ACCURACY_HINT}",
+                       f"to match it    : {BACKWARD_ACCURACY_CURE}",
+                   ])  # fmt: skip
+    return records
+
+
 #: Name -> check, for the replay command.
 CHECKS: dict[str, Callable[[Case], object]] = {
     "values": check_values,
@@ -770,4 +831,5 @@ CHECKS: dict[str, Callable[[Case], object]] = {
     "gradients": check_gradients,
     "backward_collectives": check_backward_collectives,
     "accuracy": check_accuracy,
+    "backward_accuracy": check_backward_accuracy,
 }

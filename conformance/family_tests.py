@@ -24,15 +24,14 @@ from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
 #: Meshes for the per-dtype checks: a 1-D ring of 4 and a 2-D mesh, one per axis type.
 REPRESENTATIVE_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"))
-#: Backward audit: 1-D, and both axes of a 2-D mesh (where a result replicated over
-#: the other axis invites a defensive all-reduce), both axis types.
-BACKWARD_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"), parse_mesh("4x2-x-explicit"))
 #: Accuracy: the longest ring (most partial sums per output) and a 2-D mesh.
 ACCURACY_MESHES = (parse_mesh("8-x-explicit"), parse_mesh("2x4-y-auto"))
 #: TPU layout: the tiling depends on shard shapes, not on the mesh; one ring of 4 shows it.
 TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
-#: Gradient examples per implementation: half the profile's (each is a forward and a backward compile).
-GRADIENT_EXAMPLES = max(1, settings.default.max_examples // 2)
+#: Hypothesis examples per mesh for the value and gradient checks, which are parametrized over every
+#: standard mesh (a defect that needs a ring longer than 4 is then found by construction): a fifth of
+#: the profile's (2 in CI, 40 under conformance-thorough). Each new shape is a compile.
+EXAMPLES_PER_MESH = max(1, settings.default.max_examples // 5)
 
 
 def meshes(configs: tuple[MeshConfig, ...]):
@@ -70,14 +69,14 @@ def run(check, case: Case) -> None:
     raise CheckFailed(caught)  # outside the except: no chained duplicate
 
 
-def only(predicate: str):
-    """Decorator: parametrize ``implementation`` over those whose record has ``predicate`` true.
+def only(*predicates: str):
+    """Decorator: parametrize ``implementation`` over those whose record has every predicate true.
 
     ``"pallas"``, ``"differentiable"``, or ``"not_baseline"``.
     """
 
     def mark(fn):
-        fn.implementation_filter = predicate
+        fn.implementation_filter = predicates
         return fn
 
     return mark
@@ -125,10 +124,14 @@ def accuracy_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype
                      platform=platform, dma_mode=case.dma_mode)  # fmt: skip
 
 
+@meshes(MESH_CONFIGS)
+@settings(max_examples=EXAMPLES_PER_MESH)
 @given(data=st.data())
-def test_values(family: str, implementation: str, platform: str, data: st.DataObject) -> None:
-    """Values on every shard against numpy float64, over drawn meshes, dims, dtypes."""
-    run(checks.check_values, strategies.draw_case(data, family, implementation, platform))
+def test_values(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, data: st.DataObject
+) -> None:
+    """Values on every shard against numpy float64, on every mesh, over drawn dims, dtypes, seeds."""
+    run(checks.check_values, strategies.draw_case(data, family, implementation, platform, mesh=mesh_config))
 
 
 @meshes(MESH_CONFIGS)
@@ -229,16 +232,20 @@ def test_tpu_native_values(family: str, implementation: str, dtype: str) -> None
 
 
 @only("differentiable")
-@settings(max_examples=GRADIENT_EXAMPLES)
+@meshes(MESH_CONFIGS)
+@settings(max_examples=EXAMPLES_PER_MESH)
 @given(data=st.data())
-def test_gradients(family: str, implementation: str, platform: str, data: st.DataObject) -> None:
-    """``jax.vjp`` with random cotangents against numpy float64 gradients, over drawn cases."""
+def test_gradients(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, data: st.DataObject
+) -> None:
+    """``jax.vjp`` with random cotangents against numpy float64 gradients, on every mesh."""
     dtypes = specs.get(family).gradient_dtypes
-    run(checks.check_gradients, strategies.draw_case(data, family, implementation, platform, dtypes=dtypes))
+    case = strategies.draw_case(data, family, implementation, platform, mesh=mesh_config, dtypes=dtypes)
+    run(checks.check_gradients, case)
 
 
 @only("differentiable")
-@meshes(BACKWARD_MESHES)
+@meshes(MESH_CONFIGS)
 def test_backward_collectives(
     family: str, implementation: str, platform: str, mesh_config: MeshConfig
 ) -> None:
@@ -254,6 +261,17 @@ def test_accuracy(
 ) -> None:
     """rms error against float64, side by side with the baseline's on the same inputs."""
     run(checks.check_accuracy, accuracy_case(family, implementation, platform, mesh_config, dtype))
+
+
+@only("differentiable", "not_baseline")
+@meshes(ACCURACY_MESHES)
+@dtypes_from("accuracy_dtypes")
+def test_backward_accuracy(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str
+) -> None:
+    """Each gradient's rms error against float64, side by side with the baseline's backward
+    on the same inputs and cotangent."""
+    run(checks.check_backward_accuracy, accuracy_case(family, implementation, platform, mesh_config, dtype))
 
 
 __all__ = [name for name in dir() if name.startswith("test_")]

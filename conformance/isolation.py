@@ -66,6 +66,7 @@ RECORDS: dict[str, type] = {
     "BYTE_RECORDS": checks.ByteRecord,
     "BACKWARD_BYTE_RECORDS": checks.ByteRecord,
     "ACCURACY_RECORDS": checks.AccuracyRecord,
+    "BACKWARD_ACCURACY_RECORDS": checks.AccuracyRecord,
     "TPU_LAYOUT_RECORDS": checks.TpuLayoutRecord,
 }
 

@@ -104,8 +104,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "implementation" in names:
         family = metafunc.module.FAMILY
         impls = registry.registered(family, metafunc.config.getoption("impl"))
-        keep = getattr(metafunc.function, "implementation_filter", None)
-        if keep is not None:
+        for keep in getattr(metafunc.function, "implementation_filter", ()):
             impls = [i for i in impls if (not i.baseline if keep == "not_baseline" else getattr(i, keep))]
         metafunc.parametrize("implementation", [i.name for i in impls])
     if "mesh_config" in names:
@@ -216,24 +215,38 @@ def _byte_table(tr, title: str, records: list) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    from conformance.checks import ACCURACY_RECORDS, BACKWARD_BYTE_RECORDS, BYTE_RECORDS, TPU_LAYOUT_RECORDS
+    from conformance.checks import (
+        ACCURACY_RECORDS,
+        BACKWARD_ACCURACY_RECORDS,
+        BACKWARD_BYTE_RECORDS,
+        BYTE_RECORDS,
+        TPU_LAYOUT_RECORDS,
+    )
 
     tr = terminalreporter
     _byte_table(tr, "forward: bytes received per device / lower bound (compiled HLO)", BYTE_RECORDS)
     _byte_table(tr, "backward (VJP): bytes received per device / the math's bound (compiled HLO)",
                 BACKWARD_BYTE_RECORDS)  # fmt: skip
-    if ACCURACY_RECORDS:
-        tr.section("accuracy: rms error vs float64, implementation / baseline (same inputs)")
-        width = max(len(r.impl) for r in ACCURACY_RECORDS)
-        for r in sorted(ACCURACY_RECORDS, key=lambda r: (r.family, r.impl, r.mesh, r.dtype)):
-            tr.write_line(f"{r.family:<21} {r.impl:<{width}}  {r.mesh:<13} {r.dtype:<9} "
-                          f"{r.rms:.3e} / {r.baseline_rms:.3e} = {r.ratio:.2f}")  # fmt: skip
+    _accuracy_table(tr, "accuracy: rms error vs float64, implementation / baseline (same inputs)",
+                    ACCURACY_RECORDS)  # fmt: skip
+    _accuracy_table(tr, "backward accuracy: each gradient's rms error vs float64, implementation / baseline",
+                    BACKWARD_ACCURACY_RECORDS)  # fmt: skip
     _tpu_layout_table(tr, TPU_LAYOUT_RECORDS)
     lines = report.summarize(VERDICTS)
     if lines:
         tr.section("conformance failures by implementation: each cause once, smallest failing case first")
         for line in lines:
             tr.write_line(line)
+
+
+def _accuracy_table(tr, title: str, records: list) -> None:
+    if not records:
+        return
+    tr.section(title)
+    width = max(len(r.impl) for r in records)
+    for r in sorted(records, key=lambda r: (r.family, r.impl, r.mesh, r.dtype, r.gradient)):
+        tr.write_line(f"{r.family:<21} {r.impl:<{width}}  {r.mesh:<13} {r.dtype:<9} {r.gradient:<6} "
+                      f"{r.rms:.3e} / {r.baseline_rms:.3e} = {r.ratio:.2f}")  # fmt: skip
 
 
 def _tpu_layout_table(tr, records: list) -> None:

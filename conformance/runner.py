@@ -435,9 +435,13 @@ def execute(
     return tuple(a.astype(np.float64) for a in inputs), out
 
 
-def execute_pullback(case: Case) -> tuple[tuple[np.ndarray, ...], np.ndarray, tuple[jax.Array, ...]]:
-    """Run ``case``'s VJP on fresh inputs and a random cotangent: (float64 inputs, float64 ct, grads)."""
-    inputs, ct = make_inputs(case), make_cotangent(case)
+def execute_pullback(
+    case: Case, *, inputs: tuple[np.ndarray, ...] | None = None, cotangent: np.ndarray | None = None
+) -> tuple[tuple[np.ndarray, ...], np.ndarray, tuple[jax.Array, ...]]:
+    """Run ``case``'s VJP on fresh inputs and a random cotangent (or on the ones given):
+    (float64 inputs, float64 cotangent, gradients)."""
+    inputs = make_inputs(case) if inputs is None else inputs
+    ct = make_cotangent(case) if cotangent is None else cotangent
     placed = (*place(case, inputs), jax.device_put(ct, expected_out_sharding(case)))
     grads = _run_guarded(case, compiled_pullback(case), placed)
     return tuple(a.astype(np.float64) for a in inputs), ct.astype(np.float64), tuple(grads)

@@ -71,10 +71,21 @@ def family_dtypes(family: str) -> st.SearchStrategy[str]:
 
 
 def draw_case(
-    data: st.DataObject, family: str, impl: str, platform: str, *, dtypes: tuple[str, ...] | None = None
+    data: st.DataObject,
+    family: str,
+    impl: str,
+    platform: str,
+    *,
+    mesh: MeshConfig | None = None,
+    dtypes: tuple[str, ...] | None = None,
 ) -> Case:
-    """Draw a whole case with labelled draws (hypothesis prints each label on failure)."""
-    mesh = data.draw(mesh_configs(platform), label="mesh")
+    """Draw a whole case with labelled draws (hypothesis prints each label on failure).
+
+    ``mesh``: the mesh, when the test is parametrized over meshes (so every one is covered by
+    construction); otherwise it is drawn too.
+    """
+    if mesh is None:
+        mesh = data.draw(mesh_configs(platform), label="mesh")
     dtype = data.draw(st.sampled_from(dtypes) if dtypes else family_dtypes(family), label="dtype")
     drawn = tpu_native(family, impl, platform, data.draw(dims(family), label="dims"))
     seed = data.draw(st.integers(0, 2**16), label="seed")

@@ -35,10 +35,15 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_ring_sends_double": "test_collectives",
     "broken_nondeterministic": "test_determinism",
     "broken_backward_allreduce_then_slice": "test_backward_collectives",
+    "broken_backward_ring_stops_after_three_hops": "test_gradients",
+    "broken_backward_rounds_partial_sums_each_hop": "test_backward_accuracy",
 }
 #: broken implementation -> a phrase its failure message must contain
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_backward_allreduce_then_slice": "all-reduce",
+    # right on rings of 2 and 4: only the meshes with an 8-device ring catch it
+    "broken_backward_ring_stops_after_three_hops": "mesh(x=8",
+    "broken_backward_rounds_partial_sums_each_hop": "ring carries float32 accumulators",
 }
 
 
@@ -177,3 +182,53 @@ def broken_backward_allreduce_then_slice(lhs, rhs, *, mesh, axis_name):
     ring = with_ring_vjp(forward, allreduce_then_slice)
     return jax.shard_map(ring, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
                          out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip
+
+
+def _ring_with_reduce_scatter_d_lhs(lhs, rhs, *, mesh, axis_name, name, max_hops=None, round_each_hop=False):
+    """The unidirectional ring forward and ``d_rhs``; ``d_lhs`` (a reduce-scatter of
+    ``ct @ rhs.T``) by a ring of its own written here, broken by the knobs."""
+    validate(name, lhs, rhs, mesh, axis_name)
+    forward = functools.partial(good_ring._forward, axis_name=axis_name, bidirectional=False)
+    backward = functools.partial(good_ring._backward, axis_name=axis_name, bidirectional=False)
+
+    def reduce_scatter_ring(lhs_block, rhs_block, ct):
+        _, d_rhs = backward(lhs_block, rhs_block, ct)
+        n, me, m = lax.axis_size(axis_name), lax.axis_index(axis_name), lhs_block.shape[0]
+        partial = jnp.dot(ct, rhs_block.T, preferred_element_type=jnp.float32)  # [M, K], this device's part
+        carried = lhs_block.dtype if round_each_hop else jnp.float32  # the defect: 16-bit partial sums
+
+        def contribution(block):
+            return lax.dynamic_slice_in_dim(partial, lax.rem(block, n) * m, m)
+
+        # At hop s this device holds the accumulator of block me + s + 1; after n - 1 hops, its own.
+        acc = contribution(me + 1).astype(carried)
+        hops = n - 1 if max_hops is None else min(n - 1, max_hops)
+        for hop in range(1, hops + 1):
+            arrived = lax.ppermute(acc, axis_name, ring_perm(n, -1))
+            acc = (arrived.astype(jnp.float32) + contribution(me + hop + 1)).astype(carried)
+        return acc.astype(lhs_block.dtype), d_rhs
+
+    ring = with_ring_vjp(forward, reduce_scatter_ring)
+    return jax.shard_map(ring, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
+                         out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip
+
+
+@conformance.register(
+    "allgather_matmul", name="broken_backward_ring_stops_after_three_hops", differentiable=True
+)
+def broken_backward_ring_stops_after_three_hops(lhs, rhs, *, mesh, axis_name):
+    """``d_lhs`` by a reduce-scatter ring whose loop bound was written for small rings
+    (``min(n - 1, 3)`` hops): exact for n <= 4, wrong beyond."""
+    return _ring_with_reduce_scatter_d_lhs(lhs, rhs, mesh=mesh, axis_name=axis_name, max_hops=3,
+                                           name="broken_backward_ring_stops_after_three_hops")  # fmt: skip
+
+
+@conformance.register(
+    "allgather_matmul", name="broken_backward_rounds_partial_sums_each_hop", differentiable=True
+)
+def broken_backward_rounds_partial_sums_each_hop(lhs, rhs, *, mesh, axis_name):
+    """``d_lhs`` by a reduce-scatter ring that carries its partial sums in the operand's 16-bit
+    dtype, rounding at every hop (what JAX's autodiff of a ppermute ring does): within the
+    elementwise bound, clearly less accurate than the baseline's backward."""
+    return _ring_with_reduce_scatter_d_lhs(lhs, rhs, mesh=mesh, axis_name=axis_name, round_each_hop=True,
+                                           name="broken_backward_rounds_partial_sums_each_hop")  # fmt: skip

@@ -39,7 +39,7 @@ STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_det
                   "test_collectives", "test_cross_lowering", "test_bad_inputs"}  # fmt: skip
 PALLAS = {"test_races", "test_barrier_protocol", "test_tpu_layout", "test_tpu_native_values"}
 AUTODIFF = {"test_gradients", "test_backward_collectives"}
-ACCURACY = {"test_accuracy"}
+ACCURACY = {"test_accuracy", "test_backward_accuracy"}
 #: built-in -> the tests it must have run (and passed)
 BUILTINS = {
     "xla_allgather_matmul": STANDARD_TESTS | AUTODIFF,
