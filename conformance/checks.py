@@ -211,6 +211,7 @@ def check_values(case: Case) -> None:
     spec = case.spec
     expected = spec.reference(*inputs64)
     _compare_shards(case, "values", out, expected, spec.tolerance(*inputs64, case.dtype))
+    _assert_dtype(case, "values", out)  # so the drawn dtypes meet every mesh, not only dtype's two
 
 
 def check_output_sharding(case: Case) -> None:
@@ -246,13 +247,17 @@ def check_output_sharding(case: Case) -> None:
                     spec.tolerance(*inputs64, case.dtype))  # fmt: skip
 
 
-def check_dtype(case: Case) -> None:
-    """The result (and every shard of it) has the inputs' dtype."""
-    _, out = _run(case, "dtype")
+def _assert_dtype(case: Case, check: str, out: jax.Array) -> None:
     want = runner.np_dtype(case.dtype)
     got = {np.dtype(out.dtype)} | {np.dtype(s.data.dtype) for s in out.addressable_shards}
     if got != {want}:
-        raise fail(case, "dtype", f"result dtype {sorted(map(str, got))} != input dtype {want}")
+        raise fail(case, check, f"result dtype {sorted(map(str, got))} != input dtype {want}")
+
+
+def check_dtype(case: Case) -> None:
+    """The result (and every shard of it) has the inputs' dtype."""
+    _, out = _run(case, "dtype")
+    _assert_dtype(case, "dtype", out)
 
 
 def check_determinism(case: Case) -> None:
@@ -340,7 +345,14 @@ def check_collectives(case: Case) -> ByteRecord:
 
 
 def _check_byte_bound(
-    case: Case, check: str, what: str, received: int | None, bound: int, bound_text: str, ops: list[str]
+    case: Case,
+    check: str,
+    what: str,
+    received: int | None,
+    bound: int,
+    bound_text: str,
+    ops: list[str],
+    module: str = "compiled module",
 ) -> None:
     """Fail ``check`` if a device receives more than ``bound`` bytes per call (or an unknown amount)."""
     if received is not None and received <= bound:
@@ -350,8 +362,57 @@ def _check_byte_bound(
     raise fail(case, check, what, [
         f"bound          : {bound} bytes ({bound_text})",
         f"received       : {got} per device per call",
-        "collectives in the compiled module:", *ops,
+        f"collectives in the {module}:", *ops,
     ])  # fmt: skip
+
+
+#: Filled by :func:`check_lowered_bytes`: 16-bit traffic in the modules lowered for each target.
+LOWERED_BYTE_RECORDS: list[ByteRecord] = []
+
+
+def check_lowered_bytes(case: Case) -> list[ByteRecord]:
+    """16-bit traffic, forward and backward, in the modules lowered for the implementation's targets.
+
+    XLA CPU converts bfloat16 and float16 to float32 before every transfer, so the compiled
+    module can audit float32 only; a module lowered for TPU or CUDA keeps the real types. The
+    bounds are the spec's at the dtype's itemsize (with float32 partials where the spec says
+    partials travel as float32). The baseline is recorded, not bounded.
+    """
+    spec, impl = case.spec, case.implementation
+    itemsize, n = runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
+    passes = [
+        ("forward", lambda t: runner.lowered_for(case, t), spec.max_received_bytes, spec.byte_bound_text)
+    ]
+    if impl.differentiable and spec.backward_max_received_bytes is not None:
+        passes.append(("backward", lambda t: runner.lowered_pullback_for(case, t),
+                       spec.backward_max_received_bytes, spec.backward_byte_bound_text))  # fmt: skip
+    records, host_limited = [], []
+    for target in impl.lowering_targets:
+        for name, lower, bound_of, bound_text in passes:
+            try:
+                text = _call(
+                    case, "lowered_bytes", lambda lower=lower, target=target: lower(target).as_text()
+                )
+            except ConformanceFailure as failure:
+                if isinstance(failure.__cause__, compat.HostCannotLower):
+                    host_limited.append(f"{target}: {failure.__cause__}")
+                    continue
+                raise
+            summary = hlo.parse_stablehlo(text)
+            received, bound = summary.received_bytes_per_device(), bound_of(case.dims_map, n, itemsize)
+            record = ByteRecord(case.family, case.impl, f"{case.mesh.label} {target} {name}", case.dtype,
+                                received, bound, tuple(op.describe() for op in summary.ops))  # fmt: skip
+            records.append(record)
+            if not impl.baseline:
+                _check_byte_bound(case, "lowered_bytes",
+                                  f"the {name} pass lowered for {target} moves more {case.dtype} bytes than "
+                                  "its math needs", received, bound, bound_text,
+                                  [f"  {op.describe()}" for op in summary.ops],
+                                  module=f"module lowered for {target}")  # fmt: skip
+    LOWERED_BYTE_RECORDS.extend(records)
+    if host_limited and not records:
+        raise compat.HostCannotLower("; ".join(host_limited))
+    return records
 
 
 def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> None:
@@ -832,4 +893,5 @@ CHECKS: dict[str, Callable[[Case], object]] = {
     "backward_collectives": check_backward_collectives,
     "accuracy": check_accuracy,
     "backward_accuracy": check_backward_accuracy,
+    "lowered_bytes": check_lowered_bytes,
 }

@@ -175,7 +175,7 @@ def test_cross_lowering(
     )
 
 
-@meshes(REPRESENTATIVE_MESHES)
+@meshes(MESH_CONFIGS)
 def test_bad_inputs(family: str, implementation: str, platform: str, mesh_config: MeshConfig) -> None:
     run(checks.check_bad_inputs, canonical_case(family, implementation, platform, mesh_config))
 
@@ -261,6 +261,15 @@ def test_accuracy(
 ) -> None:
     """rms error against float64, side by side with the baseline's on the same inputs."""
     run(checks.check_accuracy, accuracy_case(family, implementation, platform, mesh_config, dtype))
+
+
+@meshes(REPRESENTATIVE_MESHES)
+@dtypes_from("sixteen_bit_dtypes")
+def test_lowered_bytes(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str
+) -> None:
+    """bfloat16/float16 bytes per device, forward and backward, in the modules lowered for targets."""
+    run(checks.check_lowered_bytes, canonical_case(family, implementation, platform, mesh_config, dtype))
 
 
 @only("differentiable", "not_baseline")

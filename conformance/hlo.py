@@ -40,7 +40,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -660,15 +660,71 @@ def _stablehlo_attributes(body: str) -> dict[str, str]:
     return out
 
 
+_FUNC = re.compile(r"^  func\.func\b[^@\n]*@(?P<name>[\w.$\-]+)\(", re.M)
+_CALL = re.compile(r"\b(?:func\.)?call @(?P<name>[\w.$\-]+)\(")
+_WHILE = re.compile(r"\bstablehlo\.while\b")
+
+
+def _stablehlo_multiplicity(text: str) -> Callable[[int], int | None]:
+    """How many times an op at a position in the module runs per call of ``@main``.
+
+    Functions are the top-level ``func.func`` blocks (two-space indent, closed by a line
+    ``  }``); a private one runs once per ``call`` of it, times its caller's count. An op
+    inside a ``stablehlo.while`` body runs an unknown number of times: ``None``. Branches
+    of a ``stablehlo.case`` count once each, as in :func:`parse_hlo`.
+    """
+    funcs: dict[str, tuple[int, int]] = {}
+    for m in _FUNC.finditer(text):
+        end = text.find("\n  }\n", m.end())
+        if end < 0:
+            line = text[m.start() : text.find("\n", m.start())]
+            raise _unknown("a func.func with no closing line '  }'", line)
+        funcs[m["name"]] = (m.start(), end)
+    loops = []
+    for m in _WHILE.finditer(text):
+        body = text.find(" do {", m.end())
+        if body < 0:
+            raise _unknown("a stablehlo.while with no 'do {' body", text[m.start() : m.start() + 200])
+        loops.append((m.start(), _closing(text, body + 4, "{", "}")))
+
+    def enclosing(pos: int) -> str | None:
+        return next((name for name, (a, b) in funcs.items() if a <= pos < b), None)
+
+    def in_loop(pos: int) -> bool:
+        return any(a <= pos < b for a, b in loops)
+
+    calls: dict[str, list[int]] = {}
+    for m in _CALL.finditer(text):
+        calls.setdefault(m["name"], []).append(m.start())
+    memo: dict[str, int | None] = {}
+
+    def times(func: str | None, seen: frozenset[str] = frozenset()) -> int | None:
+        if func is None or func == "main":
+            return 1
+        if func in seen:
+            raise _unknown(f"a recursive call of @{func}", func)
+        if func not in memo:
+            total: int | None = 0
+            for pos in calls.get(func, ()):
+                caller = None if in_loop(pos) else times(enclosing(pos), seen | {func})
+                total = None if caller is None or total is None else total + caller
+            memo[func] = total
+        return memo[func]
+
+    return lambda pos: None if in_loop(pos) else times(enclosing(pos))
+
+
 def parse_stablehlo(text: str) -> CollectiveSummary:
     """Collectives in a lowered (not yet compiled) StableHLO module, e.g. one lowered for TPU.
 
     Each op is read in JAX's generic form, ``"stablehlo.x"(operands) <{attrs}>
     ({region})? : (types) -> types``, its attributes from its own dictionary
-    only. Multiplicity is not tracked here (loops are ``stablehlo.while``
-    regions); use this for *which* collectives a target will see, and
-    :func:`parse_hlo` for byte accounting.
+    only. Its multiplicity comes from the call graph of the module's functions
+    (``None`` inside a ``stablehlo.while``); the types are the target's own, so a
+    bfloat16 transfer counts 2 bytes an element here, where XLA CPU's compiled
+    module converts it to float32 first.
     """
+    multiplicity = _stablehlo_multiplicity(text)
     meshes = {m["name"]: m[0] for m in _SDY_MESH.finditer(text)}
     counts = {"num_replicas": 1, "num_partitions": 1}
     header = re.search(r"^\s*module\b.*$", text, re.M)
@@ -735,7 +791,7 @@ def parse_stablehlo(text: str) -> CollectiveSummary:
                 result_shapes=(),
                 source_target_pairs=pairs,
                 replica_groups=groups,
-                multiplicity=1,
+                multiplicity=multiplicity(m.start()),
             )
         )
     return CollectiveSummary(tuple(ops))

@@ -65,6 +65,7 @@ HUNG: dict[tuple[str, str], tuple[str, str]] = {}
 RECORDS: dict[str, type] = {
     "BYTE_RECORDS": checks.ByteRecord,
     "BACKWARD_BYTE_RECORDS": checks.ByteRecord,
+    "LOWERED_BYTE_RECORDS": checks.ByteRecord,
     "ACCURACY_RECORDS": checks.AccuracyRecord,
     "BACKWARD_ACCURACY_RECORDS": checks.AccuracyRecord,
     "TPU_LAYOUT_RECORDS": checks.TpuLayoutRecord,

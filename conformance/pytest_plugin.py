@@ -220,6 +220,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         BACKWARD_ACCURACY_RECORDS,
         BACKWARD_BYTE_RECORDS,
         BYTE_RECORDS,
+        LOWERED_BYTE_RECORDS,
         TPU_LAYOUT_RECORDS,
     )
 
@@ -227,6 +228,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     _byte_table(tr, "forward: bytes received per device / lower bound (compiled HLO)", BYTE_RECORDS)
     _byte_table(tr, "backward (VJP): bytes received per device / the math's bound (compiled HLO)",
                 BACKWARD_BYTE_RECORDS)  # fmt: skip
+    _byte_table(tr, "16-bit: bytes received per device / bound (modules lowered for each target)",
+                LOWERED_BYTE_RECORDS)  # fmt: skip
     _accuracy_table(tr, "accuracy: rms error vs float64, implementation / baseline (same inputs)",
                     ACCURACY_RECORDS)  # fmt: skip
     _accuracy_table(tr, "backward accuracy: each gradient's rms error vs float64, implementation / baseline",

@@ -37,6 +37,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_backward_allreduce_then_slice": "test_backward_collectives",
     "broken_backward_ring_stops_after_three_hops": "test_gradients",
     "broken_backward_rounds_partial_sums_each_hop": "test_backward_accuracy",
+    "broken_backward_gathers_lhs_as_float32": "test_lowered_bytes",
 }
 #: broken implementation -> a phrase its failure message must contain
 EXPECTED_MESSAGE: dict[str, str] = {
@@ -44,6 +45,7 @@ EXPECTED_MESSAGE: dict[str, str] = {
     # right on rings of 2 and 4: only the meshes with an 8-device ring catch it
     "broken_backward_ring_stops_after_three_hops": "mesh(x=8",
     "broken_backward_rounds_partial_sums_each_hop": "ring carries float32 accumulators",
+    "broken_backward_gathers_lhs_as_float32": "the backward pass lowered for tpu moves more",
 }
 
 
@@ -184,15 +186,31 @@ def broken_backward_allreduce_then_slice(lhs, rhs, *, mesh, axis_name):
                          out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip
 
 
-def _ring_with_reduce_scatter_d_lhs(lhs, rhs, *, mesh, axis_name, name, max_hops=None, round_each_hop=False):
+def _ring_with_reduce_scatter_d_lhs(lhs, rhs, *, mesh, axis_name, name, max_hops=None, round_each_hop=False,
+                                    gather_lhs_as_float32=False):  # fmt: skip
     """The unidirectional ring forward and ``d_rhs``; ``d_lhs`` (a reduce-scatter of
     ``ct @ rhs.T``) by a ring of its own written here, broken by the knobs."""
     validate(name, lhs, rhs, mesh, axis_name)
     forward = functools.partial(good_ring._forward, axis_name=axis_name, bidirectional=False)
     backward = functools.partial(good_ring._backward, axis_name=axis_name, bidirectional=False)
 
+    def gather_ring_d_rhs(lhs_block, ct):
+        """``lhs.T @ ct`` for this device's columns, the lhs blocks travelling the ring as float32."""
+        n, me, m = lax.axis_size(axis_name), lax.axis_index(axis_name), lhs_block.shape[0]
+        held, d_rhs = lhs_block.astype(jnp.float32), None  # the defect: twice a 16-bit block's bytes
+        for step in range(n):
+            rows = lax.dynamic_slice_in_dim(ct, lax.rem(me + step, n) * m, m).astype(jnp.float32)
+            term = held.T @ rows
+            d_rhs = term if d_rhs is None else d_rhs + term
+            if step < n - 1:
+                held = lax.ppermute(held, axis_name, ring_perm(n, -1))
+        return d_rhs.astype(lhs_block.dtype)
+
     def reduce_scatter_ring(lhs_block, rhs_block, ct):
-        _, d_rhs = backward(lhs_block, rhs_block, ct)
+        if gather_lhs_as_float32:
+            d_rhs = gather_ring_d_rhs(lhs_block, ct)
+        else:
+            _, d_rhs = backward(lhs_block, rhs_block, ct)
         n, me, m = lax.axis_size(axis_name), lax.axis_index(axis_name), lhs_block.shape[0]
         partial = jnp.dot(ct, rhs_block.T, preferred_element_type=jnp.float32)  # [M, K], this device's part
         carried = lhs_block.dtype if round_each_hop else jnp.float32  # the defect: 16-bit partial sums
@@ -232,3 +250,13 @@ def broken_backward_rounds_partial_sums_each_hop(lhs, rhs, *, mesh, axis_name):
     elementwise bound, clearly less accurate than the baseline's backward."""
     return _ring_with_reduce_scatter_d_lhs(lhs, rhs, mesh=mesh, axis_name=axis_name, round_each_hop=True,
                                            name="broken_backward_rounds_partial_sums_each_hop")  # fmt: skip
+
+
+@conformance.register("allgather_matmul", name="broken_backward_gathers_lhs_as_float32", differentiable=True)
+def broken_backward_gathers_lhs_as_float32(lhs, rhs, *, mesh, axis_name):
+    """Exact gradients, but the backward's ring ships bfloat16/float16 lhs blocks as float32:
+    twice their bytes, which only a module lowered for a target shows (XLA CPU converts 16-bit
+    transfers to float32 for every kernel, so its compiled module cannot tell)."""
+    name = "broken_backward_gathers_lhs_as_float32"
+    return _ring_with_reduce_scatter_d_lhs(lhs, rhs, mesh=mesh, axis_name=axis_name, name=name,
+                                           gather_lhs_as_float32=True)  # fmt: skip

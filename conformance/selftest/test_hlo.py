@@ -288,3 +288,58 @@ def test_real_psum_is_an_all_reduce() -> None:
     assert summary.kinds == {"all-reduce"}
     (op,) = summary.ops
     assert op.group_size == 4
+
+
+def _lowered_for_tpu_text(fn, mesh_label: str, shape=(8, 4), dtype=jnp.bfloat16) -> str:
+    from conformance import compat
+
+    mesh = build_mesh(parse_mesh(mesh_label), "cpu")
+    arg = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("x")))
+    body = jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    return compat.lower_for_platform(jax.jit(body), (arg,), "tpu").as_text()
+
+
+PERM = [(j, (j + 1) % 4) for j in range(4)]
+
+
+def test_lowered_module_counts_unrolled_permutes_in_the_targets_own_dtype() -> None:
+    """Lowered for TPU the transfer stays bfloat16 (XLA CPU's compiled module would show f32)."""
+
+    def ring(x):
+        for _ in range(3):
+            x = lax.ppermute(x, "x", PERM)
+        return x
+
+    summary = hlo.parse_stablehlo(_lowered_for_tpu_text(ring, "4-x-auto"))
+    assert [op.multiplicity for op in summary.ops] == [1, 1, 1]
+    assert summary.received_bytes_per_device() == 3 * (2 * 4 * 2)  # 3 hops of a 2x4 bf16 block
+
+
+def test_lowered_module_multiplies_by_calls_and_cannot_bound_a_loop() -> None:
+    calls = hlo.parse_stablehlo(STABLEHLO_CALLED_TWICE)
+    assert [op.multiplicity for op in calls.ops] == [2]
+    assert calls.received_bytes_per_device() == 2 * (3 * 8 * 2)
+
+    def looped(x):
+        return lax.fori_loop(0, 3, lambda _, v: lax.ppermute(v, "x", PERM), x)
+
+    summary = hlo.parse_stablehlo(_lowered_for_tpu_text(looped, "4-x-auto"))
+    (op,) = summary.ops
+    assert op.multiplicity is None  # a stablehlo.while body: the trip count is not in the module
+    assert summary.received_bytes_per_device() is None
+
+
+#: The JAX 0.6.2 form: the shard_map body is a private function reached by ``call``.
+STABLEHLO_CALLED_TWICE = """\
+module @jit_f attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%arg0: tensor<3x8xbf16> {mhlo.sharding = "{manual}"}) -> (tensor<3x8xbf16>) {
+    %0 = call @shmap_body(%arg0) : (tensor<3x8xbf16>) -> tensor<3x8xbf16>
+    %1 = call @shmap_body(%0) : (tensor<3x8xbf16>) -> tensor<3x8xbf16>
+    return %1 : tensor<3x8xbf16>
+  }
+  func.func private @shmap_body(%arg0: tensor<3x8xbf16>) -> (tensor<3x8xbf16>) {
+    %0 = "stablehlo.collective_permute"(%arg0) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 3], [1, 0], [2, 1], [3, 2]]> : tensor<4x2xi64>}> : (tensor<3x8xbf16>) -> tensor<3x8xbf16>
+    return %0 : tensor<3x8xbf16>
+  }
+}
+"""

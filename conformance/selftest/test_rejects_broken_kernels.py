@@ -35,8 +35,8 @@ BROKEN = (broken_kernels, broken_pallas_kernels, broken_matmul_reduce_scatter_ke
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
 EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
-STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_determinism",
-                  "test_collectives", "test_cross_lowering", "test_bad_inputs"}  # fmt: skip
+STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_determinism", "test_collectives",
+                  "test_cross_lowering", "test_bad_inputs", "test_lowered_bytes"}  # fmt: skip
 PALLAS = {"test_races", "test_barrier_protocol", "test_tpu_layout", "test_tpu_native_values"}
 AUTODIFF = {"test_gradients", "test_backward_collectives"}
 ACCURACY = {"test_accuracy", "test_backward_accuracy"}
@@ -155,7 +155,7 @@ def test_truncating_kernel_fails_bad_inputs_on_every_mesh_type_for_its_real_reas
     """On an Explicit mesh JAX refuses replicated inputs before the kernel sees them, with a message
     that names the array's shape; the verdict must come from the kernel's own behaviour instead."""
     outcomes = verdicts["broken_truncates_indivisible_rows"]["test_bad_inputs"]
-    assert len(outcomes) == 2, outcomes  # 4-x-explicit and 2x4-y-auto
+    assert len(outcomes) == len(MESH_CONFIGS), outcomes  # every mesh, Auto and Explicit
     for outcome, message in outcomes:
         assert outcome == "failed", (outcome, message)
         assert "returned a result of shape" in message, message

@@ -132,6 +132,11 @@ class FamilySpec:
         return tuple(d for d in self.dtypes if not np.issubdtype(_np_dtype(d), np.integer))
 
     @property
+    def sixteen_bit_dtypes(self) -> tuple[str, ...]:
+        """The family's 2-byte dtypes, whose traffic only a module lowered for a target shows."""
+        return tuple(d for d in self.dtypes if _np_dtype(d).itemsize == 2)
+
+    @property
     def operand_names(self) -> tuple[str, ...]:
         return tuple(op.name for op in self.operands)
 
