@@ -189,6 +189,17 @@ def test_a_hang_beyond_the_watchdog_ends_with_a_verdict_and_the_kernel_is_not_ru
     assert all("not run again: it hung on" in message for message in rest), rest[0]
 
 
+def test_each_collective_in_a_failure_shows_its_own_attributes(verdicts) -> None:
+    """The module lowered for TPU once printed an all-reduce with a later collective-permute's pairs."""
+    messages = [m for o, m in verdicts["broken_backward_allreduce_then_slice"]["test_backward_collectives"]
+                if o == "failed"]  # fmt: skip
+    assert messages
+    for message in messages:
+        lines = [line for line in message.splitlines() if "lowered for tpu: all-reduce(" in line]
+        assert lines, message
+        assert all("groups=[[" in line and "pairs=" not in line for line in lines), lines
+
+
 def test_replay_command_reproduces_a_failure(verdicts) -> None:
     message = next(m for o, m in verdicts["broken_ring_wrong_slot"]["test_values"] if o == "failed")
     command = re.search(r"replay\s+: (python -m conformance replay .*)", message)[1]
