@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sysconfig
 import traceback
 from collections.abc import Callable, Sequence
@@ -133,6 +134,43 @@ def stuck_locations(stacks: Sequence[traceback.StackSummary]) -> tuple[bool, lis
             continue
         places[place] = places.get(place, 0) + 1
     return in_kernel, [f"{p}  ({n} thread{'s' * (n > 1)})" for p, n in places.items()]
+
+
+#: faulthandler's dump of one thread: a header, then its frames, innermost first.
+_DUMP_HEADER = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+.*\(most recent call first\):$")
+_DUMP_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<name>.+)$')
+_DUMP_OTHER = ("  <no Python frame>", "  ...")
+
+
+def stacks_from_dump(text: str) -> list[traceback.StackSummary]:
+    """The threads' stacks in a ``faulthandler`` dump inside ``text`` (other lines around it are
+    left alone), outermost frame first like :func:`traceback.extract_stack`.
+
+    A line inside a thread's block that is not a frame raises, naming it: a dump in a form this
+    parser does not know is never read as "no frames".
+    """
+    stacks: list[traceback.StackSummary] = []
+    frames: list[traceback.FrameSummary] | None = None
+    for line in text.splitlines():
+        if _DUMP_HEADER.match(line.strip()):
+            frames = []
+            stacks.append(traceback.StackSummary())
+            continue
+        if frames is None:
+            continue
+        if not line.startswith("  "):  # the block ended
+            stacks[-1] = traceback.StackSummary.from_list(frames[::-1])
+            frames = None
+            continue
+        match = _DUMP_FRAME.match(line.rstrip())
+        if match:
+            lineno = int(match["line"]) if match["line"].isdigit() else None
+            frames.append(traceback.FrameSummary(match["file"], lineno, match["name"]))
+        elif line.rstrip() not in _DUMP_OTHER:
+            raise ValueError(f"a faulthandler stack dump line in a form this suite does not know: {line!r}")
+    if frames is not None:
+        stacks[-1] = traceback.StackSummary.from_list(frames[::-1])
+    return stacks
 
 
 def _frame_text(frame: traceback.FrameSummary) -> str:

@@ -166,6 +166,14 @@ class Worker:
             return None
         return json.loads(line)
 
+    def where_stuck(self) -> list[str]:
+        """Each thread's innermost frame of kernel code (else of JAX) in the stack dump the
+        worker wrote when it was stopped; first in the message, as a deep stack's tail may not
+        reach the kernel's frames."""
+        self.stderr.seek(0)
+        _, places = checks.stuck_locations(checks.stacks_from_dump(self.stderr.read()))
+        return ["where its threads were:", *places] if places else []
+
     def stderr_tail(self) -> str:
         self.stderr.seek(0)
         lines = [line.rstrip() for line in self.stderr.read().splitlines() if line.strip()]
@@ -209,9 +217,8 @@ class Worker:
                 else f"the worker process died (exit status {code}) while running this check"
             )
             runner.HUNG[key] = f"{case.impl} {what} on {case.token}"
-            raise checks.fail(
-                case, name, what, ["worker stderr (last lines):", *self.stderr_tail().splitlines()]
-            )
+            tail = ["worker stderr (last lines):", *self.stderr_tail().splitlines()]
+            raise checks.fail(case, name, what, [*self.where_stuck(), *tail])
         for list_name, records in answer.get("records", {}).items():
             kind = RECORDS[list_name]
             getattr(checks, list_name).extend(kind(**{k: _tuples(v) for k, v in r.items()}) for r in records)
