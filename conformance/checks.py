@@ -691,11 +691,10 @@ def audit_backward(
     registered kernels: the suite's seed-issue test calls it directly.
     """
     abstract = (*args, cotangent)
-    compiled = runner.pullback_of(host_fn or fn).lower(*abstract).compile()
-    lowered = {
-        t: hlo.parse_stablehlo(compat.lower_for_platform(runner.pullback_of(fn), abstract, t).as_text())
-        for t in targets
-    }
+    traced = runner.pullback_of(fn).trace(*abstract)  # one trace, lowered for each target
+    host = traced if host_fn is None else runner.pullback_of(host_fn).trace(*abstract)
+    compiled = runner.compile_lowered(host.lower(), jax.default_backend())
+    lowered = {t: hlo.parse_stablehlo(compat.lower_traced(traced, t).as_text()) for t in targets}
     return BackwardAudit(hlo.parse_hlo(compiled.as_text()), lowered)
 
 

@@ -86,6 +86,28 @@ class HostCannotRun(HostLimit):
     """TPU interpret mode could not run the kernel on this host (e.g. JAX's interpreter deadlocked)."""
 
 
+#: Measured on a 2-core host: TPU interpret mode of JAX 0.6.2 and 0.10.2 deadlocks on 8 simulated
+#: devices in ``_allocate_buffer`` (``np.array`` of a buffer waits on XLA's CPU thread pool, which the
+#: kernel's blocked callbacks hold) once a device's largest buffer reaches 128 KiB; 96 KiB runs, and
+#: so does 192 KiB on 4 devices. JAX 0.12.0.1 on the same host runs all of these, and so does
+#: JAX 0.11.2 on 16 cores. The watchdog turns such a deadlock into a reasoned skip after 30 s; this
+#: predicts it, so a case known to deadlock is skipped at once, for the same reason.
+INTERPRET_MODE_RUNS_BYTES = 96 * 1024
+
+
+def interpret_mode_limit(*, devices: int, bytes_per_device: int) -> str | None:
+    """Why this JAX on this host cannot run a TPU-interpret-mode case of this size; ``None`` if it can."""
+    cores = os.cpu_count() or 1
+    if JAX_VERSION >= (0, 12) or devices < 4 * cores or bytes_per_device <= INTERPRET_MODE_RUNS_BYTES:
+        return None
+    return (
+        f"TPU interpret mode of JAX {jax.__version__} deadlocks inside JAX (in _allocate_buffer) on "
+        f"{devices} simulated devices of a {cores}-core host with {bytes_per_device // 1024} KiB per "
+        f"device (measured: it runs {INTERPRET_MODE_RUNS_BYTES // 1024} KiB here, and all of it on "
+        "JAX 0.12 or with more cores); a TPU, more cores or a newer JAX can run the case"
+    )
+
+
 #: Errors JAX raises when a lowering asks the *local* device what it is (message prefix -> reason).
 _HOST_LIMITS = {
     "Unsupported TPU device kind:": (
@@ -101,8 +123,14 @@ def lower_for_platform(jitted: Any, args: Sequence[Any], platform: str) -> Any:
     Raises :class:`HostCannotLower` where JAX's lowering needs the target's
     hardware to answer (seen from JAX 0.10 on for Pallas TPU kernels).
     """
+    return lower_traced(jitted.trace(*args), platform)
+
+
+def lower_traced(traced: Any, platform: str) -> Any:
+    """:func:`lower_for_platform` of a function already traced (``jax.jit(f).trace(...)``): one
+    trace serves every target."""
     try:
-        return jitted.trace(*args).lower(lowering_platforms=(platform,))
+        return traced.lower(lowering_platforms=(platform,))
     except ValueError as e:
         for prefix, reason in _HOST_LIMITS.items():
             if str(e).startswith(prefix):

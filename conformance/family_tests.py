@@ -18,20 +18,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import checks, compat, isolation, registry, specs, strategies
+from conformance import checks, compat, isolation, registry, runner, specs, strategies
 from conformance.runner import Case
 from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
-#: Meshes for the per-dtype checks: a 1-D ring of 4 and a 2-D mesh, one per axis type.
+#: The exhaustive dtype check at both fixed shapes: a 1-D ring of 4 and a 2-D mesh, one per axis
+#: type. (Every dtype meets every mesh in the value check, which asserts the result dtype too.)
 REPRESENTATIVE_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"))
-#: Accuracy: the longest ring (most partial sums per output) and a 2-D mesh.
-ACCURACY_MESHES = (parse_mesh("8-x-explicit"), parse_mesh("2x4-y-auto"))
 #: TPU layout: the tiling depends on shard shapes, not on the mesh; one ring of 4 shows it.
 TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
-#: Hypothesis examples per mesh for the value and gradient checks, which are parametrized over every
-#: standard mesh (a defect that needs a ring longer than 4 is then found by construction): a fifth of
-#: the profile's (2 in CI, 40 under conformance-thorough). Each new shape is a compile.
-EXAMPLES_PER_MESH = max(1, settings.default.max_examples // 5)
+#: Hypothesis examples per (mesh, dtype) for the value and gradient checks, which are parametrized
+#: over every standard mesh and dtype (a defect that needs a ring longer than 4, or one dtype, is
+#: then found by construction; hypothesis draws dims, seed and DMA mode): a tenth of the profile's
+#: (1 in CI, 20 under conformance-thorough). Each new shape is a compile.
+EXAMPLES_PER_CASE = max(1, settings.default.max_examples // 10)
 
 
 def meshes(configs: tuple[MeshConfig, ...]):
@@ -125,13 +125,15 @@ def accuracy_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype
 
 
 @meshes(MESH_CONFIGS)
-@settings(max_examples=EXAMPLES_PER_MESH)
+@settings(max_examples=EXAMPLES_PER_CASE)
 @given(data=st.data())
 def test_values(
-    family: str, implementation: str, platform: str, mesh_config: MeshConfig, data: st.DataObject
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str, data: st.DataObject
 ) -> None:
-    """Values on every shard against numpy float64, on every mesh, over drawn dims, dtypes, seeds."""
-    run(checks.check_values, strategies.draw_case(data, family, implementation, platform, mesh=mesh_config))
+    """Values and dtype on every shard against numpy float64, on every mesh in every dtype, over
+    drawn dims and seeds."""
+    case = strategies.draw_case(data, family, implementation, platform, mesh=mesh_config, dtypes=(dtype,))
+    run(checks.check_values, case)
 
 
 @meshes(MESH_CONFIGS)
@@ -191,7 +193,7 @@ def test_races(family: str, implementation: str, mesh_config: MeshConfig, dma_mo
 
 @pytest.mark.cpu
 @pallas_only
-@meshes(REPRESENTATIVE_MESHES)
+@meshes(MESH_CONFIGS)
 def test_barrier_protocol(family: str, implementation: str, mesh_config: MeshConfig) -> None:
     """Pallas kernels: no remote DMA before the barrier (static; interpret mode cannot see it)."""
     run(checks.check_barrier_protocol, canonical_case(family, implementation, "cpu", mesh_config))
@@ -222,25 +224,30 @@ def test_tpu_layout(family: str, implementation: str, dtype: str) -> None:
 
 @pytest.mark.cpu
 @pallas_only
-def test_tpu_native_values(family: str, implementation: str, dtype: str) -> None:
+@meshes(MESH_CONFIGS)
+def test_tpu_native_values(family: str, implementation: str, mesh_config: MeshConfig, dtype: str) -> None:
     """At the TPU-native dims (the DMA windows a chip runs), exact under interpret mode's on_wait DMAs."""
     dims = specs.get(family).tpu_native_dims or specs.get(family).canonical_dims
-    run(
-        checks.check_values,
-        Case.make(family, implementation, TPU_LAYOUT_MESH, dims, dtype, dma_mode="on_wait"),
+    case = Case.make(family, implementation, mesh_config, dims, dtype, dma_mode="on_wait")
+    limit = compat.interpret_mode_limit(
+        devices=mesh_config.num_devices, bytes_per_device=runner.largest_shard_bytes(case)
     )
+    if limit:
+        pytest.skip(f"{implementation}: {limit}")
+    run(checks.check_values, case)
 
 
 @only("differentiable")
 @meshes(MESH_CONFIGS)
-@settings(max_examples=EXAMPLES_PER_MESH)
+@dtypes_from("gradient_dtypes")
+@settings(max_examples=EXAMPLES_PER_CASE)
 @given(data=st.data())
 def test_gradients(
-    family: str, implementation: str, platform: str, mesh_config: MeshConfig, data: st.DataObject
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str, data: st.DataObject
 ) -> None:
-    """``jax.vjp`` with random cotangents against numpy float64 gradients, on every mesh."""
-    dtypes = specs.get(family).gradient_dtypes
-    case = strategies.draw_case(data, family, implementation, platform, mesh=mesh_config, dtypes=dtypes)
+    """``jax.vjp`` with random cotangents against numpy float64 gradients, on every mesh in every
+    differentiable dtype."""
+    case = strategies.draw_case(data, family, implementation, platform, mesh=mesh_config, dtypes=(dtype,))
     run(checks.check_gradients, case)
 
 
@@ -254,7 +261,7 @@ def test_backward_collectives(
 
 
 @only("not_baseline")
-@meshes(ACCURACY_MESHES)
+@meshes(MESH_CONFIGS)
 @dtypes_from("accuracy_dtypes")
 def test_accuracy(
     family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str
@@ -263,7 +270,7 @@ def test_accuracy(
     run(checks.check_accuracy, accuracy_case(family, implementation, platform, mesh_config, dtype))
 
 
-@meshes(REPRESENTATIVE_MESHES)
+@meshes(MESH_CONFIGS)
 @dtypes_from("sixteen_bit_dtypes")
 def test_lowered_bytes(
     family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str
@@ -273,7 +280,7 @@ def test_lowered_bytes(
 
 
 @only("differentiable", "not_baseline")
-@meshes(ACCURACY_MESHES)
+@meshes(MESH_CONFIGS)
 @dtypes_from("accuracy_dtypes")
 def test_backward_accuracy(
     family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str

@@ -52,10 +52,9 @@ BUILTINS = {
     "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
     "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
 }
-#: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on the meshes where
-#: every kind of check runs (the representative, accuracy and 2-D ones), plus the mesh-less tests.
-BUILTIN_SUBSET = ("-4-x-explicit or -2x4-y-auto or -8-x-explicit or test_tpu_layout"
-                  " or test_tpu_native_values or seed or tpu_refusals")  # fmt: skip
+#: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of 4 and
+#: the dtype check's 2-D mesh (where every kind of check runs) and the longest ring, plus the mesh-less tests.
+BUILTIN_SUBSET = "-4-x-explicit or -2x4-y-auto or -8-x-explicit or test_tpu_layout or seed or tpu_refusals"
 #: A defect that needs an odd shape: it fails the fixed-shape checks at the odd shape only.
 ODD_ROWS = "broken_pallas_drops_last_row_of_odd_shards"
 #: Test modules of the run that are not per-implementation family tests.
