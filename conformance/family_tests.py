@@ -22,16 +22,15 @@ from conformance import checks, compat, isolation, registry, runner, specs, stra
 from conformance.runner import Case
 from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
-#: The exhaustive dtype check at both fixed shapes: a 1-D ring of 4 and a 2-D mesh, one per axis
-#: type. (Every dtype meets every mesh in the value check, which asserts the result dtype too.)
+#: The exhaustive dtype check at both fixed shapes: a 1-D ring of 4 and a 2-D mesh, one per axis type.
 REPRESENTATIVE_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"))
 #: TPU layout: the tiling depends on shard shapes, not on the mesh; one ring of 4 shows it.
 TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
-#: Hypothesis examples per (mesh, dtype) for the value and gradient checks, which are parametrized
-#: over every standard mesh and dtype (a defect that needs a ring longer than 4, or one dtype, is
-#: then found by construction; hypothesis draws dims, seed and DMA mode): a tenth of the profile's
-#: (1 in CI, 20 under conformance-thorough). Each new shape is a compile.
-EXAMPLES_PER_CASE = max(1, settings.default.max_examples // 10)
+#: Hypothesis examples per mesh for the value and gradient checks, which are parametrized over every
+#: standard mesh (a defect that needs a ring longer than 4 is then found by construction; hypothesis
+#: draws dims, dtype, seed and DMA mode): a fifth of the profile's (2 in CI, 40 under
+#: conformance-thorough). Each new shape is a compile.
+EXAMPLES_PER_MESH = max(1, settings.default.max_examples // 5)
 
 
 def meshes(configs: tuple[MeshConfig, ...]):
@@ -125,15 +124,13 @@ def accuracy_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype
 
 
 @meshes(MESH_CONFIGS)
-@settings(max_examples=EXAMPLES_PER_CASE)
+@settings(max_examples=EXAMPLES_PER_MESH)
 @given(data=st.data())
 def test_values(
-    family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str, data: st.DataObject
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, data: st.DataObject
 ) -> None:
-    """Values and dtype on every shard against numpy float64, on every mesh in every dtype, over
-    drawn dims and seeds."""
-    case = strategies.draw_case(data, family, implementation, platform, mesh=mesh_config, dtypes=(dtype,))
-    run(checks.check_values, case)
+    """Values and dtype on every shard against numpy float64, on every mesh; drawn dims, dtypes, seeds."""
+    run(checks.check_values, strategies.draw_case(data, family, implementation, platform, mesh=mesh_config))
 
 
 @meshes(MESH_CONFIGS)
@@ -239,15 +236,14 @@ def test_tpu_native_values(family: str, implementation: str, mesh_config: MeshCo
 
 @only("differentiable")
 @meshes(MESH_CONFIGS)
-@dtypes_from("gradient_dtypes")
-@settings(max_examples=EXAMPLES_PER_CASE)
+@settings(max_examples=EXAMPLES_PER_MESH)
 @given(data=st.data())
 def test_gradients(
-    family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str, data: st.DataObject
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, data: st.DataObject
 ) -> None:
-    """``jax.vjp`` with random cotangents against numpy float64 gradients, on every mesh in every
-    differentiable dtype."""
-    case = strategies.draw_case(data, family, implementation, platform, mesh=mesh_config, dtypes=(dtype,))
+    """``jax.vjp`` with random cotangents against numpy float64 gradients, on every mesh."""
+    dtypes = specs.get(family).gradient_dtypes
+    case = strategies.draw_case(data, family, implementation, platform, mesh=mesh_config, dtypes=dtypes)
     run(checks.check_gradients, case)
 
 

@@ -55,6 +55,8 @@ BUILTINS = {
 #: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of 4 and
 #: the dtype check's 2-D mesh (where every kind of check runs) and the longest ring, plus the mesh-less tests.
 BUILTIN_SUBSET = "-4-x-explicit or -2x4-y-auto or -8-x-explicit or test_tpu_layout or seed or tpu_refusals"
+#: The end of every skip reason for a case this host cannot run (compat.interpret_mode_limit).
+CANNOT_RUN_HERE = "a TPU, more cores or a newer JAX can run the case"
 #: A defect that needs an odd shape: it fails the fixed-shape checks at the odd shape only.
 ODD_ROWS = "broken_pallas_drops_last_row_of_odd_shards"
 #: Test modules of the run that are not per-implementation family tests.
@@ -122,8 +124,11 @@ def test_builtin_passes_every_check(verdicts, impl: str) -> None:
     tests = verdicts[impl]
     assert tests, f"{impl} was not run at all"
     for test, outcomes in tests.items():
-        bad = [o for o in outcomes if o[0] != "passed"]
+        # A case this host cannot run (JAX's interpreter deadlock, predicted) is skipped, naming why
+        excused = [o for o in outcomes if o[0] == "skipped" and CANNOT_RUN_HERE in o[1]]
+        bad = [o for o in outcomes if o[0] != "passed" and o not in excused]
         assert not bad, f"{impl} {test}: {bad[0][0]}: {bad[0][1][:2000]}"
+        assert any(o[0] == "passed" for o in outcomes), f"{impl} {test}: nothing passed: {outcomes[:2]}"
     missing = BUILTINS[impl] - set(tests)
     assert not missing, f"{impl} did not run {sorted(missing)}"
 
