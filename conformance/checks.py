@@ -10,6 +10,7 @@ these same functions.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sysconfig
@@ -36,6 +37,10 @@ class ConformanceFailure(AssertionError):
     case: Case | None = None
     check: str | None = None
     what: str | None = None
+
+
+class NotJudged(Exception):
+    """The check has nothing it can judge in this implementation (a skip naming why, never a pass)."""
 
 
 def fail(case: Case, check: str, what: str, details: Sequence[str] = ()) -> ConformanceFailure:
@@ -293,9 +298,13 @@ def _assert_dtype(case: Case, check: str, out: jax.Array) -> None:
 
 
 def check_dtype(case: Case) -> None:
-    """The result (and every shard of it) has the inputs' dtype."""
-    _, out = _run(case, "dtype")
+    """The result (and every shard of it) has the inputs' dtype; and, since the kernel ran at this
+    dtype, every shard's values against the float64 reference (the fixed shapes at every dtype on
+    every mesh: the value check's drawn dtypes meet each mesh by chance, these by construction)."""
+    inputs64, out = _run(case, "dtype")
     _assert_dtype(case, "dtype", out)
+    spec = case.spec
+    _compare_shards(case, "dtype", out, spec.reference(*inputs64), spec.tolerance(*inputs64, case.dtype))
 
 
 def check_determinism(case: Case) -> None:
@@ -450,6 +459,96 @@ def check_lowered_bytes(case: Case) -> list[ByteRecord]:
                                   module=f"module lowered for {target}")  # fmt: skip
     if host_limited:  # what did lower was within bounds; the rest this host could not try
         raise compat.HostCannotLower("; ".join(host_limited))
+    return records
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapRecord:
+    """Transfers of one module that can hide behind a matmul, out of all its transfers."""
+
+    family: str
+    impl: str
+    mesh: str
+    ring: int  #: devices on the kernel's axis
+    module: str  #: "compiled cpu", "lowered tpu", ...
+    fraction: str  #: hideable/all transfers per call (:attr:`conformance.hlo.OverlapSummary.fraction`)
+    baseline: bool
+    #: Scheduled module: asynchronous start/done pairs whose span holds a matmul, out of all pairs.
+    scheduled: tuple[int, int] | None = None
+
+
+#: Filled by :func:`check_overlap`; the pytest plugin prints it as a table.
+OVERLAP_RECORDS: list[OverlapRecord] = []
+#: Why a Pallas kernel's overlap is not judged (the skip's reason).
+PALLAS_OVERLAP = (
+    "a Pallas kernel moves data by DMAs inside the kernel, where HLO's dataflow cannot see them; its "
+    "overlap is the kernel's own schedule (races and values check it runs)"
+)
+
+
+def _overlap_modules(case: Case) -> tuple[list[tuple[str, str]], list[str]]:
+    """(module name, HLO text) of the compiled module and of those lowered for each target; and what
+    this host could not lower."""
+    modules = [(f"compiled {case.platform}", _call(case, "overlap", lambda: runner.compiled(case).as_text()))]
+    limited = []
+    for target in case.implementation.lowering_targets:
+        try:
+            lowered = runner.lowered_for(case, target)
+        except compat.HostCannotLower as limit:
+            limited.append(f"{target}: {limit}")
+            continue
+        except Exception as e:  # cross_lowering fails it too; here it is this check's verdict as well
+            raise fail(case, "overlap", f"does not lower for {target}",
+                       [*error_locations(e), error_text(e)]) from e  # fmt: skip
+        modules.append((f"lowered {target}", lowered.as_text(dialect="hlo")))
+    return modules, limited
+
+
+def check_overlap(case: Case) -> list[OverlapRecord]:
+    """Transfers a scheduler can hide behind compute, read from the dataflow of each module.
+
+    For a family whose point is overlap (the spec's ``overlap``): in the compiled module and in the
+    modules lowered for the implementation's targets, each transfer needs a matmul that neither feeds
+    it nor reads what it delivers (:func:`conformance.hlo.overlap`). A kernel passes with at least
+    one such transfer and at most one exposed transfer per ring direction (a design may ship its
+    finished result in a last hop with nothing left to multiply); the built-in rings hide every
+    transfer. The baseline is recorded, not judged.
+    """
+    spec, impl = case.spec, case.implementation
+    if impl.pallas:
+        raise NotJudged(PALLAS_OVERLAP)
+    if not spec.overlap:
+        raise NotJudged(f"family {case.family} has no compute to hide its transfers behind")
+    modules, limited = _overlap_modules(case)
+    records = []
+    for module_name, text in modules:
+        summary = hlo.overlap(hlo.parse_module(text))
+        record = OverlapRecord(case.family, case.impl, case.mesh.label, case.mesh.axis_size, module_name,
+                               summary.fraction, impl.baseline, summary.scheduled)  # fmt: skip
+        records.append(record)
+        OVERLAP_RECORDS.append(record)
+        if impl.baseline:
+            continue
+        if not summary.transfers:
+            raise NotJudged(f"the {module_name} module has no collective: no transfer to judge "
+                            "(data moved by a custom call is invisible to HLO's dataflow)")  # fmt: skip
+        # A transfer in a loop of unknown trip count (a module lowered, not compiled) counts as many.
+        exposed = sum(math.inf if t.op.multiplicity is None else t.op.multiplicity for t in summary.exposed)
+        if any(t.hideable for t in summary.transfers) and exposed <= summary.rings:
+            continue
+        shown = (summary.exposed + tuple(t for t in summary.transfers if t.hideable))[:8]
+        rest = len(summary.transfers) > len(shown)
+        raise fail(case, "overlap", f"the transfers cannot hide behind matmuls (the {module_name} module)", [
+                       f"hideable       : {summary.fraction} transfers have a matmul independent of them",
+                       f"threshold      : every transfer but one per ring direction ({summary.rings} "
+                       f"direction{'s' if summary.rings > 1 else ''} here), and at least one",
+                       f"how            : {spec.overlap}",
+                       f"transfers in the {module_name} module (each with the matmuls around it):",
+                       *(f"  {t.describe()}" for t in shown),
+                       *([f"  ... and {len(summary.transfers) - len(shown)} more"] if rest else []),
+                   ])  # fmt: skip
+    if limited:  # what did lower was judged; the rest this host could not try
+        raise compat.HostCannotLower("; ".join(limited))
     return records
 
 

@@ -22,8 +22,6 @@ from conformance import checks, compat, isolation, registry, runner, specs, stra
 from conformance.runner import Case
 from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
-#: The exhaustive dtype check at both fixed shapes: a 1-D ring of 4 and a 2-D mesh, one per axis type.
-REPRESENTATIVE_MESHES = (parse_mesh("4-x-explicit"), parse_mesh("2x4-y-auto"))
 #: TPU layout: the tiling depends on shard shapes, not on the mesh; one ring of 4 shows it.
 TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
 #: Hypothesis examples per mesh for the value and gradient checks, which are parametrized over every
@@ -63,6 +61,8 @@ def run(check, case: Case) -> None:
         caught = failure
     except compat.HostLimit as limit:
         pytest.skip(f"{case.impl}: {limit}")
+    except checks.NotJudged as why:
+        pytest.skip(f"{case.impl}: not judged: {why}")
     else:
         return
     raise CheckFailed(caught)  # outside the except: no chained duplicate
@@ -82,6 +82,16 @@ def only(*predicates: str):
 
 
 pallas_only = only("pallas")
+
+
+def for_families_with(field: str):
+    """Decorator: run only for families whose spec has ``field`` set (others deselect the test)."""
+
+    def mark(fn):
+        fn.family_filter = field
+        return fn
+
+    return mark
 
 
 def dtypes_from(field: str):
@@ -143,10 +153,11 @@ def test_output_sharding(
     )
 
 
-@meshes(REPRESENTATIVE_MESHES)
+@meshes(MESH_CONFIGS)
 def test_dtype(
     family: str, implementation: str, platform: str, mesh_config: MeshConfig, dtype: str, shape: str
 ) -> None:
+    """Every dtype of the spec on every mesh at both fixed shapes: the result and each shard keep it."""
     run(checks.check_dtype, canonical_case(family, implementation, platform, mesh_config, dtype, shape=shape))
 
 
@@ -162,6 +173,18 @@ def test_collectives(
     family: str, implementation: str, platform: str, mesh_config: MeshConfig, shape: str
 ) -> None:
     run(checks.check_collectives, canonical_case(family, implementation, platform, mesh_config, shape=shape))
+
+
+@for_families_with("overlap")
+@meshes(MESH_CONFIGS)
+def test_overlap(
+    family: str, implementation: str, platform: str, mesh_config: MeshConfig, shape: str
+) -> None:
+    """Each transfer can hide behind a matmul independent of it, in the dataflow of the compiled
+    module and of the modules lowered for each target (families whose point is overlap)."""
+    if registry.get(family, implementation).pallas:
+        pytest.skip(f"{implementation}: not judged: {checks.PALLAS_OVERLAP}")
+    run(checks.check_overlap, canonical_case(family, implementation, platform, mesh_config, shape=shape))
 
 
 @meshes(MESH_CONFIGS)

@@ -443,23 +443,76 @@ def _pairs(text: str) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in pairs)
 
 
-def parse_hlo(text: str) -> CollectiveSummary:
-    """Every collective in a compiled HLO module's text, with multiplicities."""
-    computations: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One HLO instruction: its own operands and attributes, nothing read from another line."""
+
+    name: str
+    type: str
+    opcode: str
+    operands: tuple[str, ...]
+    attrs: str
+    #: Computations it calls (``calls=``, ``to_apply=``, a while's ``body``/``condition``, branches).
+    callees: tuple[str, ...]
+    #: Instructions it must follow without reading their values (``control-predecessors={...}``).
+    control_predecessors: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class HloModule:
+    """A compiled (or lowered-to-HLO) module: its computations, instructions in text order."""
+
+    computations: dict[str, tuple[Instruction, ...]]
+    entry: str
+    replica_count: int
+    num_partitions: int
+    #: Times each computation reachable from ENTRY runs per call; ``None``: inside a loop of unknown trip.
+    multiplicity: dict[str, int | None]
+    #: Whether XLA printed the module as scheduled (``is_scheduled=true``): text order is run order.
+    scheduled: bool = False
+
+
+_CONTROL_PREDECESSORS = re.compile(r"control-predecessors=\{([^}]*)\}")
+
+
+def _callees(attrs: str) -> tuple[str, ...]:
+    callees = _CALLEE.findall(attrs)
+    for branch in _BRANCHES.findall(attrs):
+        callees += [c.strip().lstrip("%") for c in branch.split(",") if c.strip()]
+    called = re.search(r"called_computations=\{([^}]*)\}", attrs)
+    if called:
+        callees += [c.strip().lstrip("%") for c in called[1].split(",") if c.strip()]
+    return tuple(dict.fromkeys(callees))
+
+
+def parse_module(text: str) -> HloModule:
+    """The computations of an HLO module's text (compiled, or ``Lowered.as_text(dialect="hlo")``)."""
+    computations: dict[str, list[Instruction]] = defaultdict(list)
     entry = None
     current = None
+    scheduled = False
     counts = {"replica_count": 1, "num_partitions": 1}
     for line in text.splitlines():
         if line.lstrip().startswith("HloModule"):
             counts.update((m["key"], int(m["n"])) for m in _HEADER_COUNT.finditer(line))
+            scheduled = re.search(r"\bis_scheduled=true\b", line) is not None
             continue
         if not line.strip() or line.lstrip().startswith("//"):
             continue
         inst = _INSTRUCTION.match(line)
         if inst and current is not None:
             operands, attrs = _split_call(inst["rest"])
+            control = _CONTROL_PREDECESSORS.search(attrs)
             computations[current].append(
-                (inst["name"], inst["type"], inst["opcode"], operands + "\x00" + attrs)
+                Instruction(
+                    name=inst["name"],
+                    type=inst["type"],
+                    opcode=inst["opcode"],
+                    operands=tuple(_operand_names(operands)),
+                    attrs=attrs,
+                    callees=_callees(attrs),
+                    control_predecessors=tuple(_operand_names(control[1])) if control else (),
+                )
             )
             continue
         comp = _COMPUTATION.match(line)
@@ -477,39 +530,57 @@ def parse_hlo(text: str) -> CollectiveSummary:
     while order:
         comp = order.pop()
         times = multiplicity[comp]
-        for _name, _type, opcode, payload in computations.get(comp, ()):
-            attrs = payload.split("\x00", 1)[1]
-            callees = _CALLEE.findall(attrs)
-            for branch in _BRANCHES.findall(attrs):
-                callees += [c.strip().lstrip("%") for c in branch.split(",") if c.strip()]
-            if not callees:
+        for inst in computations.get(comp, ()):
+            if not inst.callees:
                 continue
             factor: int | None = 1
-            if opcode == "while":
-                trip = _TRIP.search(attrs)
+            if inst.opcode == "while":
+                trip = _TRIP.search(inst.attrs)
                 factor = int(trip[1]) if trip else None
-            for callee in callees:
+            for callee in inst.callees:
                 t = None if times is None or factor is None else times * factor
                 if callee in multiplicity:
                     prev = multiplicity[callee]
                     t = None if prev is None or t is None else prev + t
                 multiplicity[callee] = t
                 order.append(callee)
+    return HloModule(
+        computations={name: tuple(insts) for name, insts in computations.items()},
+        entry=entry,
+        replica_count=counts["replica_count"],
+        num_partitions=counts["num_partitions"],
+        multiplicity=multiplicity,
+        scheduled=scheduled,
+    )
 
+
+def _split_phase(opcode: str) -> tuple[str, str]:
+    for suffix in ("-start", "-done"):
+        if opcode.endswith(suffix):
+            return opcode[: -len(suffix)], suffix[1:]
+    return opcode, "sync"
+
+
+def parse_hlo(text: str) -> CollectiveSummary:
+    """Every collective in a compiled HLO module's text, with multiplicities."""
+    return collectives_of(parse_module(text))
+
+
+def collectives_of(module: HloModule) -> CollectiveSummary:
+    """Every collective of ``module`` reachable from ENTRY, with multiplicities."""
+    counts = {"replica_count": module.replica_count, "num_partitions": module.num_partitions}
+    multiplicity = module.multiplicity
     ops = []
-    for comp, insts in computations.items():
+    for comp, insts in module.computations.items():
         if comp not in multiplicity:
             continue  # unreachable from ENTRY (dead helper computations)
-        types = {name: typ for name, typ, _, _ in insts}
-        for name, typ, opcode, payload in insts:
-            base, phase = opcode, "sync"
-            for suffix in ("-start", "-done"):
-                if opcode.endswith(suffix):
-                    base, phase = opcode[: -len(suffix)], suffix[1:]
+        types = {inst.name: inst.type for inst in insts}
+        for inst in insts:
+            name, opcode, attrs = inst.name, inst.opcode, inst.attrs
+            base, phase = _split_phase(opcode)
             if base not in COLLECTIVE_KINDS:
                 continue
-            operands, attrs = payload.split("\x00", 1)
-            operand_shapes = tuple(s for n in _operand_names(operands) for s in _shapes(types.get(n, "")))
+            operand_shapes = tuple(s for n in inst.operands for s in _shapes(types.get(n, "")))
             pairs, replica_groups = None, None
             if phase != "done":  # a -done names its -start, which carries the attributes
                 where = f"{opcode} {name}: {attrs.strip()}"
@@ -538,13 +609,235 @@ def parse_hlo(text: str) -> CollectiveSummary:
                     name=name,
                     computation=comp,
                     operand_shapes=operand_shapes,
-                    result_shapes=_shapes(typ),
+                    result_shapes=_shapes(inst.type),
                     source_target_pairs=pairs,
                     replica_groups=replica_groups,
                     multiplicity=multiplicity[comp],
                 )
             )
     return CollectiveSummary(tuple(ops))
+
+
+# ----------------------------------------------------------------------------- dataflow: overlap
+
+#: Opcodes that are a matmul.
+MATMUL_OPCODES = frozenset({"dot", "convolution", "ragged-dot", "scaled-dot"})
+#: Custom-call targets that are a matmul (cuBLAS/cuBLASLt, oneDNN, XNNPACK and the like).
+_MATMUL_TARGET = re.compile(r"gemm|matmul|\bdot\b", re.I)
+#: Custom-call targets of kernels whose inside HLO cannot see (Pallas on TPU or GPU, Triton, a host
+#: callback that runs one): they may hold a matmul, so they count as compute, never as idle.
+_KERNEL_TARGET = re.compile(r"tpu_custom_call|mosaic|triton|__gpu\$xla\.gpu\.triton|callback", re.I)
+_TARGET = re.compile(r'custom_call_target="(?P<target>[^"]*)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """One collective of a module and the matmuls a scheduler could run while its bytes move."""
+
+    op: CollectiveOp
+    #: Matmuls (or calls holding one) that neither feed the transfer nor depend on it.
+    independent: tuple[str, ...]
+    #: Matmuls the transfer waits for (its operand is computed from them).
+    waits_for: tuple[str, ...]
+    #: Matmuls that wait for the transfer (they read what it delivers, or something computed from it).
+    feeds: tuple[str, ...]
+
+    @property
+    def hideable(self) -> bool:
+        return bool(self.independent)
+
+    def describe(self) -> str:
+        def names(xs: tuple[str, ...]) -> str:
+            return (
+                ", ".join(xs[:3]) + (f" and {len(xs) - 3} more" if len(xs) > 3 else "") if xs else "no matmul"
+            )
+
+        if self.hideable:
+            return f"{self.op.describe()}: can overlap {names(self.independent)}"
+        return (f"{self.op.describe()}: waits for {names(self.waits_for)}; "
+                f"then feeds {names(self.feeds)}; no matmul is independent of it")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapSummary:
+    """Every transfer of a module, each judged by the dataflow around it."""
+
+    transfers: tuple[Transfer, ...]
+    #: On a scheduled module with asynchronous collectives: start/done pairs whose span holds a matmul,
+    #: and all such pairs (``None`` if the module has no asynchronous transfer).
+    scheduled: tuple[int, int] | None = None
+
+    def _count(self, ts: Iterable[Transfer]) -> int | None:
+        total = 0
+        for t in ts:
+            if t.op.multiplicity is None:
+                return None
+            total += t.op.multiplicity
+        return total
+
+    @property
+    def total(self) -> int | None:
+        """Transfers per call (loop bodies counted per trip); ``None`` if a trip count is unknown."""
+        return self._count(self.transfers)
+
+    @property
+    def hideable(self) -> int | None:
+        return self._count(t for t in self.transfers if t.hideable)
+
+    @property
+    def exposed(self) -> tuple[Transfer, ...]:
+        return tuple(t for t in self.transfers if not t.hideable)
+
+    @property
+    def rings(self) -> int:
+        """Distinct transfer patterns (a collective-permute's pairs, another op's kind and groups):
+        one per ring direction."""
+        return len({(t.op.kind, t.op.source_target_pairs, t.op.replica_groups) for t in self.transfers})
+
+    @property
+    def fraction(self) -> str:
+        """``hideable/all`` per call; by op where a loop's trip count is unknown."""
+        h, t = self.hideable, self.total
+        if h is None or t is None:
+            ops = sum(x.hideable for x in self.transfers)
+            return f"{ops}/{len(self.transfers)} ops (loop trips unknown)"
+        return f"{h}/{t}"
+
+
+def _computes(module: HloModule) -> Callable[[Instruction], str | None]:
+    """A predicate: what kind of compute an instruction is (``dot``, ``fusion(dot)``, ...), or ``None``."""
+    memo: dict[str, str | None] = {}
+
+    def in_computation(name: str, seen: frozenset[str]) -> str | None:
+        if name not in memo:
+            memo[name] = None
+            found = None
+            for inst in module.computations.get(name, ()):
+                found = what(inst, seen | {name})
+                if found:
+                    break
+            memo[name] = found
+        return memo[name]
+
+    def what(inst: Instruction, seen: frozenset[str] = frozenset()) -> str | None:
+        if inst.opcode in MATMUL_OPCODES:
+            return inst.opcode
+        if inst.opcode == "custom-call":
+            target = _TARGET.search(inst.attrs)
+            name = target["target"] if target else ""
+            if _MATMUL_TARGET.search(name) or _KERNEL_TARGET.search(name):
+                return f"custom-call {name}"
+        for callee in inst.callees:
+            if callee in seen:
+                continue
+            inner = in_computation(callee, seen)
+            if inner:
+                return f"{inst.opcode}({inner.split('(')[-1].rstrip(')')})"
+        return None
+
+    return what
+
+
+def _closure(start: Iterable[str], edges: dict[str, tuple[str, ...]]) -> set[str]:
+    seen: set[str] = set()
+    stack = list(start)
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        stack.extend(edges.get(x, ()))
+    return seen
+
+
+def overlap(module: HloModule) -> OverlapSummary:
+    """Each transfer of ``module``, with the matmuls that are independent of it in the dataflow.
+
+    A transfer (a collective, or the span from an asynchronous one's ``-start`` to its ``-done``)
+    can hide behind a matmul that neither feeds it nor reads what it delivers: a scheduler may run
+    the two at once. Dependence is read per computation, from each instruction's own operands and
+    control predecessors; a matmul inside a fusion, call, while loop or conditional counts as its
+    caller. A transfer in a loop body is judged in the body (one step of the loop: its other
+    matmuls), and, if it has none there, by the computations that call the loop. Dependences across
+    iterations are not followed.
+    """
+    collectives = collectives_of(module)
+    is_compute = _computes(module)
+    callers: dict[str, list[tuple[str, Instruction]]] = defaultdict(list)
+    for comp, insts in module.computations.items():
+        for inst in insts:
+            if inst.opcode in ("call", "while", "conditional", "async-start") or (
+                inst.opcode == "custom-call" and inst.callees
+            ):
+                for callee in inst.callees:
+                    callers[callee].append((comp, inst))
+    graphs: dict[str, tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]] = {}
+
+    def graph(comp: str) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+        if comp not in graphs:
+            preds = {i.name: i.operands + i.control_predecessors for i in module.computations[comp]}
+            succs: dict[str, list[str]] = defaultdict(list)
+            for name, ps in preds.items():
+                for p in ps:
+                    succs[p].append(name)
+            graphs[comp] = (preds, {k: tuple(v) for k, v in succs.items()})
+        return graphs[comp]
+
+    def judge(comp: str, first: str, last: str, seen: frozenset[str]) -> tuple[list, list, list]:
+        """(independent, waited-for, fed) compute of ``comp`` around the span ``first``..``last``."""
+        preds, succs = graph(comp)
+        before = _closure(preds.get(first, ()), preds)
+        after = _closure(succs.get(last, ()), succs)
+        independent, waits, feeds = [], [], []
+        for inst in module.computations[comp]:
+            kind = is_compute(inst)
+            if not kind or inst.name in (first, last):
+                continue
+            label = f"{kind} {inst.name}"
+            (waits if inst.name in before else feeds if inst.name in after else independent).append(label)
+        if not independent:  # the enclosing computations: compute beside the call of this one
+            for parent, call in callers.get(comp, ()):
+                if parent in seen:
+                    continue
+                more, _, _ = judge(parent, call.name, call.name, seen | {comp})
+                independent += [f"{x} (beside {call.opcode} {call.name})" for x in more]
+        return independent, waits, feeds
+
+    transfers = []
+    done_of: dict[tuple[str, str], str] = {}
+    for comp, insts in module.computations.items():
+        for inst in insts:
+            if inst.opcode.endswith("-done") and inst.operands:
+                done_of[(comp, inst.operands[0])] = inst.name
+    for op in collectives.ops:
+        if op.phase == "done":
+            continue
+        last = done_of.get((op.computation, op.name), op.name)
+        independent, waits, feeds = judge(op.computation, op.name, last, frozenset())
+        transfers.append(Transfer(op, tuple(independent), tuple(waits), tuple(feeds)))
+    scheduled = _scheduled_overlap(module, is_compute) if module.scheduled else None
+    return OverlapSummary(tuple(transfers), scheduled)
+
+
+def _scheduled_overlap(
+    module: HloModule, is_compute: Callable[[Instruction], str | None]
+) -> tuple[int, int] | None:
+    """In a scheduled module: asynchronous start/done pairs with a matmul between them in run order."""
+    bracketing, pairs = 0, 0
+    for comp, insts in module.computations.items():
+        if comp not in module.multiplicity:
+            continue
+        position = {inst.name: i for i, inst in enumerate(insts)}
+        for i, inst in enumerate(insts):
+            base, phase = _split_phase(inst.opcode)
+            if phase != "done" or base not in COLLECTIVE_KINDS or not inst.operands:
+                continue
+            start = position.get(inst.operands[0])
+            if start is None:
+                continue
+            pairs += 1
+            bracketing += any(is_compute(x) for x in insts[start + 1 : i])
+    return (bracketing, pairs) if pairs else None
 
 
 # ----------------------------------------------------------------------------- StableHLO
@@ -680,18 +973,27 @@ def _stablehlo_multiplicity(text: str) -> Callable[[int], int | None]:
             line = text[m.start() : text.find("\n", m.start())]
             raise _unknown("a func.func with no closing line '  }'", line)
         funcs[m["name"]] = (m.start(), end)
-    loops = []
+    loops = []  # (start, end, trip count or None)
     for m in _WHILE.finditer(text):
         body = text.find(" do {", m.end())
         if body < 0:
             raise _unknown("a stablehlo.while with no 'do {' body", text[m.start() : m.start() + 200])
-        loops.append((m.start(), _closing(text, body + 4, "{", "}")))
+        end = _closing(text, body + 4, "{", "}")
+        loops.append((m.start(), end, _stablehlo_trip_count(text, m.start(), body, end)))
 
     def enclosing(pos: int) -> str | None:
         return next((name for name, (a, b) in funcs.items() if a <= pos < b), None)
 
-    def in_loop(pos: int) -> bool:
-        return any(a <= pos < b for a, b in loops)
+    def loop_factor(pos: int) -> int | None:
+        """Product of the trip counts of the loops around ``pos`` (``None`` if one is unknown)."""
+        factor: int | None = 1
+        for a, b, trips in loops:
+            if a <= pos < b:
+                factor = None if factor is None or trips is None else factor * trips
+        return factor
+
+    def scaled(count: int | None, factor: int | None) -> int | None:
+        return None if count is None or factor is None else count * factor
 
     calls: dict[str, list[int]] = {}
     for m in _CALL.finditer(text):
@@ -706,12 +1008,55 @@ def _stablehlo_multiplicity(text: str) -> Callable[[int], int | None]:
         if func not in memo:
             total: int | None = 0
             for pos in calls.get(func, ()):
-                caller = None if in_loop(pos) else times(enclosing(pos), seen | {func})
+                caller = scaled(times(enclosing(pos), seen | {func}), loop_factor(pos))
                 total = None if caller is None or total is None else total + caller
             memo[func] = total
         return memo[func]
 
-    return lambda pos: None if in_loop(pos) else times(enclosing(pos))
+    return lambda pos: scaled(times(enclosing(pos)), loop_factor(pos))
+
+
+_WHILE_HEADER = re.compile(r"stablehlo\.while\((?P<args>[^)]*)\)")
+_CONSTANT_DEF = r"{name}\s*=\s*stablehlo\.constant dense<(?P<value>-?\d+)>\s*:\s*tensor<[a-z]*\d+>"
+
+
+def _stablehlo_trip_count(text: str, start: int, body: int, end: int) -> int | None:
+    """Trips of a ``stablehlo.while`` in the counted form JAX lowers ``fori_loop`` and ``scan`` to.
+
+    The condition is ``compare LT, %i, %N`` on one loop variable; ``%i`` starts at a constant and
+    the body returns ``%i + step`` for a constant step in its place. Any other loop is one whose
+    trips this parser cannot know: ``None``, which byte accounting reports as unbounded.
+    """
+    header = _WHILE_HEADER.match(text, start)
+    if not header:
+        return None
+    args = [a.split("=") for a in header["args"].split(",")]
+    if any(len(a) != 2 for a in args):
+        return None
+    names, inits = [a[0].strip() for a in args], [a[1].strip() for a in args]
+    cond = text[start:body]
+    compare = re.search(r"stablehlo\.compare\s+LT,\s*(?P<i>%[\w#]+),\s*(?P<n>%[\w#]+)", cond)
+    if not compare or compare["i"] not in names:
+        return None
+    k = names.index(compare["i"])
+
+    def constant(name: str, before: int) -> int | None:
+        found = list(re.finditer(_CONSTANT_DEF.format(name=re.escape(name)), text[:before]))
+        return int(found[-1]["value"]) if found else None  # the nearest definition before its use
+
+    bound, first = constant(compare["n"], compare.end() + start), constant(inits[k], start)
+    returned = re.findall(r"stablehlo\.return\s+([^:]*):", text[body:end])
+    if bound is None or first is None or not returned:
+        return None
+    results = [r.strip() for r in returned[-1].split(",")]
+    if len(results) != len(names):
+        return None
+    step_def = re.search(re.escape(results[k]) + r"\s*=\s*stablehlo\.add\s+" + re.escape(names[k])
+                         + r",\s*(?P<c>%[\w#]+)", text[body:end])  # fmt: skip
+    step = constant(step_def["c"], body + step_def.end()) if step_def else None
+    if not step or step <= 0:
+        return None
+    return max(0, -(-(bound - first) // step))
 
 
 def parse_stablehlo(text: str) -> CollectiveSummary:

@@ -104,6 +104,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "implementation" in names:
         family = metafunc.module.FAMILY
         impls = registry.registered(family, metafunc.config.getoption("impl"))
+        field = getattr(metafunc.function, "family_filter", None)
+        if field and not getattr(specs.get(family), field):
+            impls = []  # deselected: the family has nothing this test judges
         for keep in getattr(metafunc.function, "implementation_filter", ()):
             impls = [i for i in impls if (not i.baseline if keep == "not_baseline" else getattr(i, keep))]
         metafunc.parametrize("implementation", [i.name for i in impls])
@@ -223,6 +226,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         BACKWARD_BYTE_RECORDS,
         BYTE_RECORDS,
         LOWERED_BYTE_RECORDS,
+        OVERLAP_RECORDS,
         TPU_LAYOUT_RECORDS,
     )
 
@@ -236,6 +240,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
                     ACCURACY_RECORDS)  # fmt: skip
     _accuracy_table(tr, "backward accuracy: each gradient's rms error vs float64, implementation / baseline",
                     BACKWARD_ACCURACY_RECORDS)  # fmt: skip
+    _overlap_table(tr, OVERLAP_RECORDS)
     _tpu_layout_table(tr, TPU_LAYOUT_RECORDS)
     lines = report.summarize(VERDICTS)
     if lines:
@@ -281,3 +286,28 @@ def _tpu_layout_table(tr, records: list) -> None:
         tr.write_line(f"{family:<21} {impl:<{width}}  {dtype:<9} accepted {len(accepted)}: "
                       f"{'; '.join(accepted)}  refused {refused}"
                       + (f"  not lowerable on this host {limited}" if limited else ""))  # fmt: skip
+
+
+def _overlap_table(tr, records: list) -> None:
+    """Per implementation and module: transfers that can hide behind a matmul / all, per ring length."""
+    if not records:
+        return
+    tr.section("overlap: transfers with a matmul independent of them / all transfers, by ring length "
+               "(dataflow of each module)")  # fmt: skip
+    rows: dict[tuple[str, str, str], list] = defaultdict(list)
+    for r in records:
+        rows[(r.family, r.impl, r.module)].append(r)
+    width = max(len(r.impl) for r in records)
+    for (family, impl, module), recs in sorted(rows.items()):
+        per_ring: dict[int, set[str]] = defaultdict(set)
+        for r in recs:
+            per_ring[r.ring].add(r.fraction)
+        rings = "  ".join(f"n={n}: {', '.join(sorted(v))}" for n, v in sorted(per_ring.items()))
+        scheduled = [r.scheduled for r in recs if r.scheduled is not None]
+        line = f"{family:<21} {impl:<{width}}  {module:<12} {rings}"
+        if scheduled:
+            bracketing, pairs = sum(b for b, _ in scheduled), sum(p for _, p in scheduled)
+            line += f"  scheduled: {bracketing}/{pairs} async pairs bracket a matmul"
+        if recs[0].baseline:
+            line += "  (baseline: reported, not judged)"
+        tr.write_line(line)

@@ -31,6 +31,22 @@ EXPECTED_PASS: dict[str, set[str]] = {
     # No validation of its own: shard_map's divisibility error names the values. On an Explicit mesh
     # JAX also refuses valid replicated inputs, so bad_inputs must judge it on the Auto twin.
     "correct_allgather_matmul_without_validation": {"test_bad_inputs", "test_values"},
+    # Rings as `lax.scan` / `fori_loop`: one step per while-loop body, a ppermute and a matmul side by
+    # side. The overlap check must judge the body's dataflow as a step of the ring, not the loop as one
+    # op; in a module lowered for a target the loop's trip count is not yet known.
+    # The module lowered for a target once counted such a loop's transfers as unbounded bytes.
+    "correct_allgather_matmul_ring_scan": {
+        "test_overlap",
+        "test_values",
+        "test_collectives",
+        "test_lowered_bytes",
+    },
+    "correct_matmul_reduce_scatter_ring_fori_loop": {
+        "test_overlap",
+        "test_values",
+        "test_collectives",
+        "test_lowered_bytes",
+    },
 }
 #: A skip with this text is the host's limit, not the kernel's failure.
 HOST_LIMIT = "this host cannot lower this kernel for TPU"
@@ -143,4 +159,57 @@ def correct_allgather_matmul_without_validation(lhs, rhs, *, mesh, axis_name):
 
     return jax.shard_map(
         body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)
+
+
+@conformance.register(
+    "allgather_matmul",
+    name="correct_allgather_matmul_ring_scan",
+    description="a lax.scan ring: each step sends the block in hand and multiplies it; rows placed after",
+)
+def correct_allgather_matmul_ring_scan(lhs, rhs, *, mesh, axis_name):
+    n = mesh.shape[axis_name]
+
+    def body(lhs_block, rhs_block):
+        to_left = [(j, (j - 1) % n) for j in range(n)]
+
+        def multiply(block):
+            return jnp.dot(block, rhs_block, preferred_element_type=jnp.float32).astype(block.dtype)
+
+        def step(block, _):  # at step s this device holds the row block of device me + s
+            return lax.ppermute(block, axis_name, to_left), multiply(block)
+
+        last, products = lax.scan(step, lhs_block, None, length=n - 1)
+        products = jnp.concatenate([products, multiply(last)[None]])  # [n, m, cols], by step
+        rows = jnp.roll(products, lax.axis_index(axis_name), axis=0)  # by owner: step s is owner me + s
+        return rows.reshape(-1, rows.shape[-1])
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)
+
+
+@conformance.register(
+    "matmul_reduce_scatter",
+    name="correct_matmul_reduce_scatter_ring_fori_loop",
+    description="a fori_loop ring: each step multiplies the next partial while the running sum travels",
+)
+def correct_matmul_reduce_scatter_ring_fori_loop(lhs, rhs, *, mesh, axis_name):
+    n = mesh.shape[axis_name]
+
+    def body(lhs_block, rhs_block):
+        m, me = lhs_block.shape[0] // n, lax.axis_index(axis_name)
+        to_right = [(j, (j + 1) % n) for j in range(n)]
+
+        def partial(step):  # the row block whose sum ends on this device after n - 1 hops
+            rows = lax.dynamic_slice_in_dim(lhs_block, ((me + n - 1 - step) % n) * m, m)
+            return jnp.dot(rows, rhs_block, preferred_element_type=jnp.float32)
+
+        def step(s, acc):
+            return lax.ppermute(acc, axis_name, to_right) + partial(s)
+
+        return lax.fori_loop(1, n, step, partial(0)).astype(lhs_block.dtype)
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P(None, axis_name), P(axis_name, None)), out_specs=P(axis_name, None)
     )(lhs, rhs)

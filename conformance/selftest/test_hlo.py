@@ -315,18 +315,77 @@ def test_lowered_module_counts_unrolled_permutes_in_the_targets_own_dtype() -> N
     assert summary.received_bytes_per_device() == 3 * (2 * 4 * 2)  # 3 hops of a 2x4 bf16 block
 
 
-def test_lowered_module_multiplies_by_calls_and_cannot_bound_a_loop() -> None:
+def test_lowered_module_multiplies_by_calls_and_counted_loops_but_cannot_bound_another_loop() -> None:
     calls = hlo.parse_stablehlo(STABLEHLO_CALLED_TWICE)
     assert [op.multiplicity for op in calls.ops] == [2]
     assert calls.received_bytes_per_device() == 2 * (3 * 8 * 2)
 
-    def looped(x):
-        return lax.fori_loop(0, 3, lambda _, v: lax.ppermute(v, "x", PERM), x)
+    def counted(x):  # fori_loop and scan lower to a counted while: i from a constant, i < N, i += 1
+        x = lax.fori_loop(1, 4, lambda _, v: lax.ppermute(v, "x", PERM), x)
+        return lax.scan(lambda v, _: (lax.ppermute(v, "x", PERM), None), x, None, length=2)[0]
 
-    summary = hlo.parse_stablehlo(_lowered_for_tpu_text(looped, "4-x-auto"))
+    summary = hlo.parse_stablehlo(_lowered_for_tpu_text(counted, "4-x-auto"))
+    assert [op.multiplicity for op in summary.ops] == [3, 2]
+    assert summary.received_bytes_per_device() == 5 * (2 * 4 * 2)
+
+    def data_dependent(x):  # its trips depend on the data: not in the module
+        def body(carry):
+            v, total = carry
+            return lax.ppermute(v, "x", PERM), total + v.sum()
+
+        return lax.while_loop(lambda c: c[1] < 100.0, body, (x, x.sum() * 0))[0]
+
+    summary = hlo.parse_stablehlo(_lowered_for_tpu_text(data_dependent, "4-x-auto"))
     (op,) = summary.ops
-    assert op.multiplicity is None  # a stablehlo.while body: the trip count is not in the module
+    assert op.multiplicity is None
     assert summary.received_bytes_per_device() is None
+
+
+def _overlap_of(fn, mesh_label: str = "4-x-auto") -> hlo.OverlapSummary:
+    return hlo.overlap(hlo.parse_module(_compiled_text(fn, mesh_label)))
+
+
+def test_overlap_a_transfer_beside_an_independent_matmul_is_hideable() -> None:
+    w = jnp.ones((4, 4), jnp.float32)
+
+    def ring_step(x):  # send the block in hand while multiplying it
+        return lax.ppermute(x, "x", PERM) + x @ w
+
+    summary = _overlap_of(ring_step)
+    assert summary.fraction == "1/1", [t.describe() for t in summary.transfers]
+    assert "can overlap" in summary.transfers[0].describe()
+
+
+def test_overlap_a_transfer_between_two_matmuls_is_exposed() -> None:
+    w = jnp.ones((4, 4), jnp.float32)
+
+    def serial(x):  # the matmul feeds the transfer, the next matmul reads what it delivers
+        return lax.ppermute(x @ w, "x", PERM) @ w
+
+    summary = _overlap_of(serial)
+    assert summary.fraction == "0/1"
+    (transfer,) = summary.exposed
+    assert transfer.waits_for and transfer.feeds and "no matmul is independent of it" in transfer.describe()
+
+
+def test_overlap_reads_a_loop_body_as_one_step_of_the_ring() -> None:
+    w = jnp.ones((4, 4), jnp.float32)
+
+    def looped(x):
+        def step(_, carry):
+            block, acc = carry
+            return lax.ppermute(block, "x", PERM), acc + block @ w
+
+        return lax.fori_loop(0, 3, step, (x, jnp.zeros_like(x)))[1]
+
+    summary = _overlap_of(looped)
+    assert summary.fraction == "3/3"  # one op, three trips, each beside the matmul of its step
+
+    def gather_then_multiply(x):
+        gathered = lax.fori_loop(0, 3, lambda _, v: lax.ppermute(v, "x", PERM), x)
+        return gathered @ w
+
+    assert _overlap_of(gather_then_multiply).fraction == "0/3"
 
 
 #: The JAX 0.6.2 form: the shard_map body is a private function reached by ``call``.

@@ -22,6 +22,7 @@ import pytest
 from conformance.selftest import (
     broken_kernels,
     broken_matmul_reduce_scatter_kernels,
+    broken_overlap_kernels,
     broken_pallas_kernels,
     other_style_kernels,
 )
@@ -31,7 +32,7 @@ from fixtures.meshes import MESH_CONFIGS
 pytestmark = pytest.mark.selftest
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKEN = (broken_kernels, broken_pallas_kernels, broken_matmul_reduce_scatter_kernels)
+BROKEN = (broken_kernels, broken_pallas_kernels, broken_matmul_reduce_scatter_kernels, broken_overlap_kernels)
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
 EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
@@ -40,20 +41,21 @@ STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_det
 PALLAS = {"test_races", "test_barrier_protocol", "test_tpu_layout", "test_tpu_native_values"}
 AUTODIFF = {"test_gradients", "test_backward_collectives"}
 ACCURACY = {"test_accuracy", "test_backward_accuracy"}
+OVERLAP = {"test_overlap"}
 #: built-in -> the tests it must have run (and passed)
 BUILTINS = {
-    "xla_allgather_matmul": STANDARD_TESTS | AUTODIFF,
-    "ring_allgather_matmul_unidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
-    "ring_allgather_matmul_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
+    "xla_allgather_matmul": STANDARD_TESTS | OVERLAP | AUTODIFF,
+    "ring_allgather_matmul_unidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
+    "ring_allgather_matmul_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
     "xla_all_gather": STANDARD_TESTS | AUTODIFF,
     "pallas_ring_all_gather_unidirectional": STANDARD_TESTS | PALLAS | AUTODIFF,
     "pallas_ring_all_gather_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF,
-    "xla_matmul_reduce_scatter": STANDARD_TESTS | AUTODIFF,
-    "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
-    "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY,
+    "xla_matmul_reduce_scatter": STANDARD_TESTS | OVERLAP | AUTODIFF,
+    "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
+    "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
 }
 #: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of 4 and
-#: the dtype check's 2-D mesh (where every kind of check runs) and the longest ring, plus the mesh-less tests.
+#: a 2-D mesh and the longest ring, plus the mesh-less tests.
 BUILTIN_SUBSET = "-4-x-explicit or -2x4-y-auto or -8-x-explicit or test_tpu_layout or seed or tpu_refusals"
 #: The end of every skip reason for a case this host cannot run (compat.interpret_mode_limit).
 CANNOT_RUN_HERE = "a TPU, more cores or a newer JAX can run the case"
@@ -77,6 +79,10 @@ def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]]
     targeted += "".join(
         f" or ({impl} and ({' or '.join(sorted(tests))}))"
         for impl, tests in other_style_kernels.EXPECTED_PASS.items()
+    )
+    targeted += "".join(  # the overlap defects pass every other check: on the subset's meshes
+        f" or ({impl} and ({' or '.join(sorted(tests))}) and ({BUILTIN_SUBSET}))"
+        for impl, tests in broken_overlap_kernels.EXPECTED_PASS.items()
     )
     cmd = [sys.executable, "-m", "pytest", "conformance", "-m", "cpu", "-q", "-p", "no:cacheprovider",
            "-k", f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {targeted}",
@@ -142,6 +148,18 @@ def test_correct_kernel_of_another_style_passes(verdicts, impl: str) -> None:
         # passed, or skipped because this host cannot try it (never failed for the host's limit)
         bad = [o for o in outcomes if o[0] != "passed" and not (o[0] == "skipped" and HOST_LIMIT in o[1])]
         assert not bad, f"{impl} {test}: {bad[0][0]} (a false positive): {bad[0][1][:2000]}"
+
+
+@pytest.mark.parametrize("impl", sorted(broken_overlap_kernels.EXPECTED_PASS))
+def test_an_overlap_defect_passes_every_other_check(verdicts, impl: str) -> None:
+    """Values, bytes, kinds and sharding are right: only the overlap check can see the defect."""
+    for test in sorted(broken_overlap_kernels.EXPECTED_PASS[impl]):
+        outcomes = verdicts[impl].get(test)
+        assert outcomes, f"{impl} did not run {test}"
+        bad = [o for o in outcomes if o[0] != "passed"]
+        assert not bad, f"{impl} {test}: {bad[0][0]}: {bad[0][1][:2000]}"
+    rejected = verdicts[impl]["test_overlap"]
+    assert len(rejected) == 2 * len(MESH_CONFIGS) and all(o == "failed" for o, _ in rejected), rejected
 
 
 @pytest.mark.parametrize("impl", sorted(EXPECTED_REJECTION))

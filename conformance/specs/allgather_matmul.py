@@ -103,5 +103,10 @@ ALLGATHER_MATMUL = FamilySpec(
     "accumulates all K products in float32 and rounds once to the output dtype",
     accuracy_how_to_match="accumulate in float32 (jnp.dot(..., preferred_element_type=jnp.float32)) and "
     "cast to the output dtype once, after the last partial product, not per ring step",
+    overlap=(
+        "issue each ring step's transfer before the matmul of the block already in hand, and let that "
+        "matmul read only the block in hand (not what the transfer delivers, nor a value computed after "
+        "it)"
+    ),
     tpu_native_dims={"rows_per_shard": 32, "K": 128, "cols_per_shard": 128},
 )

@@ -99,6 +99,11 @@ class FamilySpec:
     accuracy_baseline_does: str = ""
     accuracy_how_to_match: str = ""
 
+    # -- overlap: the families whose point is hiding transfers behind compute
+    #: How a kernel of the family hides its transfers (the overlap check's failure text); empty: the
+    #: family has no compute to hide them behind, and the overlap check does not run for it.
+    overlap: str = ""
+
     # -- TPU layout: what a Pallas kernel compiled for TPU chips must accept
     #: Dims at which every buffer fills whole TPU tiles for every dtype of the
     #: family (rows a multiple of 32, the int8 sublane tile; lanes a multiple of

@@ -104,5 +104,9 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     accuracy_how_to_match="keep the partial sums in float32 while they travel the ring (they cost 2x the "
     "bytes of a 16-bit partial, which the byte bound allows) and cast once at the end; a reduce-scatter "
     "of 16-bit partials, XLA's own psum_scatter included, rounds at every addition",
+    overlap=(
+        "multiply the next partial while the previous one travels: each step's matmul reads only the "
+        "local operands, and only the running sum waits for the transfer"
+    ),
     tpu_native_dims={"rows_per_shard": 32, "k_per_shard": 128, "cols": 128},
 )
