@@ -27,7 +27,7 @@ from collections import defaultdict
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from conformance import compat, isolation, registry, report, runner, specs
+from conformance import bench, compat, isolation, registry, report, runner, specs
 from conformance.specs.base import FIXED_SHAPES
 from fixtures import devices as devices_lib
 from fixtures import meshes
@@ -62,6 +62,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--isolation", choices=("process", "off"), default=isolation.MODE,
                     help="process (default): check Pallas kernels on CPU in a worker process that can "
                          "be stopped whatever hangs; off: in this process")  # fmt: skip
+    group.addoption("--bench-sizes", default="4K:256K:4", metavar="BEGIN:END:FACTOR",
+                    help="-m benchmark: the ladder of one device's input shard sizes in bytes, as "
+                         "nccl-tests' -b/-e/-f (K, M suffixes)")  # fmt: skip
+    group.addoption("--bench-meshes", default="2-x-auto,4-x-auto,8-x-auto,2x4-y-auto,4x2-y-auto",
+                    metavar="LABEL[,LABEL...]", help="-m benchmark: the meshes to time on")  # fmt: skip
+    group.addoption("--bench-rounds", type=int, default=5, metavar="N",
+                    help="-m benchmark: timed calls per case after a warm-up (median reported)")  # fmt: skip
     group.addoption("--impl", default=None, metavar="GLOB[,GLOB...]",
                     help="run only implementations whose names match one of these globs")  # fmt: skip
 
@@ -137,6 +144,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return any(k in params and not isinstance(params[k], str) for k in ("implementation", "dtype"))
 
     empty = [i for i in items if has_empty_parameter(i)]  # pytest's NOTSET placeholder
+    if "benchmark" not in (config.getoption("markexpr") or ""):  # timings run only when asked for
+        empty += [i for i in items if i.get_closest_marker("benchmark") and i not in empty]
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
@@ -241,6 +250,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     _accuracy_table(tr, "backward accuracy: each gradient's rms error vs float64, implementation / baseline",
                     BACKWARD_ACCURACY_RECORDS)  # fmt: skip
     _overlap_table(tr, OVERLAP_RECORDS)
+    for title, lines in bench.tables(bench.RECORDS):
+        tr.section(title)
+        for line in lines:
+            tr.write_line(line)
     _tpu_layout_table(tr, TPU_LAYOUT_RECORDS)
     lines = report.summarize(VERDICTS)
     if lines:

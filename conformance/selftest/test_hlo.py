@@ -376,7 +376,7 @@ def test_overlap_reads_a_loop_body_as_one_step_of_the_ring() -> None:
             block, acc = carry
             return lax.ppermute(block, "x", PERM), acc + block @ w
 
-        return lax.fori_loop(0, 3, step, (x, jnp.zeros_like(x)))[1]
+        return lax.fori_loop(0, 3, step, (x, x * 0))[1]
 
     summary = _overlap_of(looped)
     assert summary.fraction == "3/3"  # one op, three trips, each beside the matmul of its step

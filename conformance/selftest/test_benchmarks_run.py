@@ -1,0 +1,40 @@
+"""The benchmarks keep working: a tiny ladder through the real command, its table and its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.selftest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_tiny_ladder_prints_one_table_per_family_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "pytest", "conformance", "-m", "benchmark", "-q", "-p", "no:cacheprovider",
+           "--bench-sizes=2K", "--bench-meshes=2-x-auto", "--bench-rounds=2",
+           f"--benchmark-json={out}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for family in ("all_gather", "allgather_matmul", "matmul_reduce_scatter"):
+        assert f"benchmark {family} on cpu" in proc.stdout, proc.stdout[-3000:]
+    assert "CPU figures" in proc.stdout
+    data = json.loads(out.read_text())
+    rows = {b["name"]: b for b in data["benchmarks"]}
+    assert len(rows) == 9, sorted(rows)  # every built-in implementation, baselines included
+    for row in rows.values():
+        info = row["extra_info"]
+        assert info["algbw_bytes_per_s"] > 0 and info["busbw_bytes_per_s"] == info["algbw_bytes_per_s"] / 2
+        assert info["received_bytes_per_device"] > 0 and row["stats"]["median"] > 0
+
+
+def test_the_default_cpu_run_times_nothing() -> None:
+    cmd = [sys.executable, "-m", "pytest", "conformance", "-m", "cpu", "--collect-only", "-q",
+           "-p", "no:cacheprovider", "-k", "benchmark"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert "test_benchmark[" not in proc.stdout, proc.stdout[-2000:]
