@@ -10,6 +10,7 @@ these same functions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -437,15 +438,11 @@ def check_lowered_bytes(case: Case) -> list[ByteRecord]:
     records, host_limited = [], []
     for target in impl.lowering_targets:
         for name, lower, bound_of, bound_text in passes:
-            try:
-                text = lower(target).as_text()
-            except compat.HostCannotLower as limit:
-                host_limited.append(f"{target}: {limit}")
+            lowered = _lower_or_note_limit(case, "lowered_bytes", f"the {name} pass", lower, target,
+                                           host_limited)  # fmt: skip
+            if lowered is None:
                 continue
-            except Exception as e:  # cross_lowering fails it too; here it is this check's verdict as well
-                raise fail(case, "lowered_bytes", f"the {name} pass does not lower for {target}",
-                           [*error_locations(e), error_text(e)]) from e  # fmt: skip
-            summary = hlo.parse_stablehlo(text)
+            summary = hlo.parse_stablehlo(lowered.as_text())
             received, bound = summary.received_bytes_per_device(), bound_of(case.dims_map, n, itemsize)
             record = ByteRecord(case.family, case.impl, f"{case.mesh.label} {target} {name}", case.dtype,
                                 received, bound, tuple(op.describe() for op in summary.ops))  # fmt: skip
@@ -486,20 +483,29 @@ PALLAS_OVERLAP = (
 )
 
 
+def _lower_or_note_limit(case: Case, check: str, what: str, lower, target: str, limited: list[str]):
+    """``lower(target)``; what this host cannot lower is noted in ``limited`` (``None`` returned), and any
+    other error is ``check``'s failure (cross_lowering fails it too)."""
+    try:
+        return lower(target)
+    except compat.HostCannotLower as limit:
+        limited.append(f"{target}: {limit}")
+        return None
+    except Exception as e:
+        raise fail(case, check, f"{what} does not lower for {target}",
+                   [*error_locations(e), error_text(e)]) from e  # fmt: skip
+
+
 def _overlap_modules(case: Case) -> tuple[list[tuple[str, str]], list[str]]:
     """(module name, HLO text) of the compiled module and of those lowered for each target; and what
     this host could not lower."""
     modules = [(f"compiled {case.platform}", _call(case, "overlap", lambda: runner.compiled(case).as_text()))]
     limited = []
     for target in case.implementation.lowering_targets:
-        try:
-            lowered = runner.lowered_for(case, target)
-        except compat.HostCannotLower as limit:
-            limited.append(f"{target}: {limit}")
+        lower = functools.partial(runner.lowered_for, case)
+        lowered = _lower_or_note_limit(case, "overlap", "the forward pass", lower, target, limited)
+        if lowered is None:
             continue
-        except Exception as e:  # cross_lowering fails it too; here it is this check's verdict as well
-            raise fail(case, "overlap", f"does not lower for {target}",
-                       [*error_locations(e), error_text(e)]) from e  # fmt: skip
         modules.append((f"lowered {target}", lowered.as_text(dialect="hlo")))
     return modules, limited
 
