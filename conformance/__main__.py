@@ -15,10 +15,10 @@ import sys
 
 def _load(modules: list[str]) -> None:
     from conformance import compat
-    from fixtures.devices import CPU_DEVICE_COUNT
+    from conformance.fixtures.devices import CPU_DEVICE_COUNT
 
     compat.configure_cpu_devices(CPU_DEVICE_COUNT)  # before any backend starts
-    for module in ["kernels", *modules]:
+    for module in ["conformance.kernels", *modules]:
         importlib.import_module(module)
 
 
@@ -54,11 +54,24 @@ def main(argv: list[str] | None = None) -> int:
                 traits = [t for t, on in (("baseline", impl.baseline), ("Pallas", impl.pallas),
                                           ("differentiable", impl.differentiable)) if on]  # fmt: skip
                 tag = f" ({', '.join(traits)})" if traits else ""
-                print(f"  {impl.name}{tag}  [{impl.module}]  {impl.description}")
+                claims = [f"{k}={','.join(v)}" for k, v in (("dtypes", impl.dtypes), ("platforms", impl.platforms))
+                          if v is not None]  # fmt: skip
+                if impl.supports is not None:
+                    claims.append(f"supports={getattr(impl.supports, '__qualname__', impl.supports)}")
+                claimed = f"  claims {'; '.join(claims)}" if claims else ""
+                print(f"  {impl.name}{tag}  [registered by {impl.module}]{claimed}  {impl.description}")
         return 0
 
     if args.check not in checks.CHECKS:
         parser.error(f"unknown check {args.check!r}; one of {', '.join(checks.CHECKS)}")
+    if args.family not in specs.FAMILIES:
+        print(f"unknown family {args.family!r}; known: {', '.join(specs.FAMILIES)}", file=sys.stderr)
+        return 2
+    try:
+        registry.get(args.family, args.impl)
+    except registry.NotRegistered as missing:  # not the kernel's failure: the replay cannot find it
+        print(f"cannot replay: {missing}", file=sys.stderr)
+        return 2
     case = Case.from_token(args.family, args.impl, args.case, platform=args.platform)
     print("\n".join(case.describe()))
     if args.hang_timeout is not None:

@@ -81,7 +81,7 @@ def size_bytes(case: Case) -> int:
 
 def preferred_platform() -> str:
     """The platform benchmarks run on: the first of TPU, GPU, CPU this host has."""
-    from fixtures import devices as devices_lib
+    from conformance.fixtures import devices as devices_lib
 
     return next(p for p in ("tpu", "gpu", "cpu") if devices_lib.has_platform(p))
 

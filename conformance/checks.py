@@ -23,7 +23,7 @@ import jaxlib
 import numpy as np
 
 import conformance
-import fixtures
+from conformance import fixtures
 from conformance import compat, hlo, mosaic, pallas_protocol, runner
 from conformance.runner import Case
 
@@ -253,7 +253,7 @@ def check_values(case: Case) -> None:
     """Every shard of the result equals the float64 reference within the dtype's tolerance."""
     inputs64, out = _run(case, "values", cached=False)
     spec = case.spec
-    expected = spec.reference(*inputs64)
+    expected = spec.expected(inputs64, axis_size=case.mesh.axis_size)
     _compare_shards(case, "values", out, expected, spec.tolerance(*inputs64, case.dtype))
     _assert_dtype(case, "values", out)  # so the drawn dtypes meet every mesh, not only dtype's two
 
@@ -287,7 +287,7 @@ def check_output_sharding(case: Case) -> None:
                 f"spec says {_slice_text(want, case.out_shape)}",
             ])  # fmt: skip
     spec = case.spec
-    _compare_shards(case, "output_sharding", out, spec.reference(*inputs64),
+    _compare_shards(case, "output_sharding", out, spec.expected(inputs64, axis_size=case.mesh.axis_size),
                     spec.tolerance(*inputs64, case.dtype))  # fmt: skip
 
 
@@ -305,7 +305,7 @@ def check_dtype(case: Case) -> None:
     inputs64, out = _run(case, "dtype")
     _assert_dtype(case, "dtype", out)
     spec = case.spec
-    _compare_shards(case, "dtype", out, spec.reference(*inputs64), spec.tolerance(*inputs64, case.dtype))
+    _compare_shards(case, "dtype", out, spec.expected(inputs64, axis_size=case.mesh.axis_size), spec.tolerance(*inputs64, case.dtype))
 
 
 def check_determinism(case: Case) -> None:
@@ -651,7 +651,7 @@ def check_races(case: Case) -> None:
             "to stderr above",
         ])  # fmt: skip
     spec = case.spec
-    _compare_shards(case, "races", out, spec.reference(*inputs64), spec.tolerance(*inputs64, case.dtype))
+    _compare_shards(case, "races", out, spec.expected(inputs64, axis_size=case.mesh.axis_size), spec.tolerance(*inputs64, case.dtype))
 
 
 def _replicated_call(case: Case, shapes: Sequence[tuple[int, ...]], axis_name: str) -> object:
@@ -954,7 +954,7 @@ def check_accuracy(case: Case) -> AccuracyRecord:
     inputs64, out = _call(case, "accuracy", lambda: runner.execute(case, inputs=inputs))
     base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
     _, base_out = _call(case, "accuracy", lambda: runner.execute(base_case, inputs=inputs))
-    exact = case.spec.reference(*inputs64)
+    exact = case.spec.expected(inputs64, axis_size=case.mesh.axis_size)
     err = np.asarray(out).astype(np.float64) - exact
     base_err = np.asarray(base_out).astype(np.float64) - exact
     record = AccuracyRecord(case.family, case.impl, baseline, case.mesh.label, case.dtype,

@@ -32,6 +32,21 @@ def configure_cpu_devices(count: int) -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
+def ensure_cpu_devices(count: int) -> str | None:
+    """Ask for ``count`` simulated CPU devices if no backend has started; ``None`` if the host
+    then has (or already had) at least ``count``, else what went wrong, in words."""
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        configure_cpu_devices(count)
+        return None
+    found = len(jax.devices("cpu"))
+    if found >= count:
+        return None
+    return (f"JAX's CPU backend had already started with {found} device(s) before the conformance suite "
+            f"could ask for {count}")  # fmt: skip
+
+
 def make_mesh(
     shape: Sequence[int],
     axis_names: Sequence[str],

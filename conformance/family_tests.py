@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import checks, compat, isolation, registry, runner, specs, strategies
+from conformance import checks, claims, compat, isolation, registry, results, runner, specs, strategies
 from conformance.runner import Case
-from fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
+from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 
 #: TPU layout: the tiling depends on shard shapes, not on the mesh; one ring of 4 shows it.
 TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
@@ -28,7 +28,9 @@ TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
 #: standard mesh (a defect that needs a ring longer than 4 is then found by construction; hypothesis
 #: draws dims, dtype, seed and DMA mode): a fifth of the profile's (2 in CI, 40 under
 #: conformance-thorough). Each new shape is a compile.
-EXAMPLES_PER_MESH = max(1, settings.default.max_examples // 5)
+EXAMPLES_PER_MESH = max(1, strategies.PROFILE.max_examples // 5)
+#: The settings of the suite's hypothesis tests: the suite's profile, fewer examples per mesh.
+PER_MESH = settings(parent=strategies.PROFILE, max_examples=EXAMPLES_PER_MESH)
 
 
 def meshes(configs: tuple[MeshConfig, ...]):
@@ -55,6 +57,7 @@ def run(check, case: Case) -> None:
 
     What this host cannot do (:class:`compat.HostLimit`) is a skip naming why, never a failure.
     """
+    results.note_case(case, check.__name__.removeprefix("check_"))
     try:
         isolation.call(check, case)  # a Pallas kernel on CPU: in the worker process
     except checks.ConformanceFailure as failure:
@@ -121,20 +124,26 @@ def canonical_case(
     record, spec = registry.get(family, impl), specs.get(family)
     if dma_mode is None and platform == "cpu" and record.pallas:
         dma_mode = "on_wait"
-    dims = strategies.tpu_native(family, impl, platform, spec.fixed_dims(shape))
-    if shape != "odd" and dims == strategies.tpu_native(family, impl, platform, spec.fixed_dims("odd")):
-        pytest.skip(f"{impl}: on {platform} both fixed shapes are the TPU-native dims; [odd] runs them")
+
+    def dims_of(which: str) -> dict[str, int]:  # the kernel's declaration may move them (conformance.claims)
+        dims = strategies.tpu_native(family, impl, platform, spec.fixed_dims(which))
+        return claims.adapt(family, impl, platform=platform, mesh=mesh, dims=dims, dtype=dtype)
+
+    dims = dims_of(shape)
+    if shape != "odd" and dims == dims_of("odd"):
+        pytest.skip(f"{impl}: on {platform} both fixed shapes come to the same dims ({dims}); [odd] runs them")
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
 
 
 def accuracy_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype: str) -> Case:
     case = canonical_case(family, impl, platform, mesh, dtype)
-    return Case.make(family, impl, mesh, specs.get(family).accuracy_dims or {}, dtype,
-                     platform=platform, dma_mode=case.dma_mode)  # fmt: skip
+    dims = claims.adapt(family, impl, platform=platform, mesh=mesh, dtype=dtype,
+                        dims=specs.get(family).accuracy_dims or {})  # fmt: skip
+    return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=case.dma_mode)
 
 
 @meshes(MESH_CONFIGS)
-@settings(max_examples=EXAMPLES_PER_MESH)
+@PER_MESH
 @given(data=st.data())
 def test_values(
     family: str, implementation: str, platform: str, mesh_config: MeshConfig, data: st.DataObject
@@ -226,7 +235,12 @@ def test_tpu_layout(family: str, implementation: str, dtype: str) -> None:
     lowered to DMA windows and buffers a TPU compiler accepts; the TPU-native shape accepted."""
     failures: list[checks.ConformanceFailure] = []
     limited = []
-    shapes = strategies.tpu_layout_dims(family)
+    shapes, not_claimed = [], []
+    for dims in strategies.tpu_layout_dims(family):
+        why = claims.reason(family, implementation, platform="tpu", mesh=TPU_LAYOUT_MESH, dims=dims, dtype=dtype)
+        (shapes if why is None else not_claimed).append(dims if why is None else why)
+    if not shapes:
+        raise claims.NotClaimed(implementation, f"none of the {len(not_claimed)} TPU layout shapes: {not_claimed[0]}")
     for dims in shapes:
         try:
             checks.check_tpu_layout(Case.make(family, implementation, TPU_LAYOUT_MESH, dims, dtype))
@@ -248,6 +262,7 @@ def test_tpu_layout(family: str, implementation: str, dtype: str) -> None:
 def test_tpu_native_values(family: str, implementation: str, mesh_config: MeshConfig, dtype: str) -> None:
     """At the TPU-native dims (the DMA windows a chip runs), exact under interpret mode's on_wait DMAs."""
     dims = specs.get(family).tpu_native_dims or specs.get(family).canonical_dims
+    dims = claims.adapt(family, implementation, platform="cpu", mesh=mesh_config, dims=dims, dtype=dtype)
     case = Case.make(family, implementation, mesh_config, dims, dtype, dma_mode="on_wait")
     limit = compat.interpret_mode_limit(
         devices=mesh_config.num_devices, bytes_per_device=runner.largest_shard_bytes(case)
@@ -259,7 +274,7 @@ def test_tpu_native_values(family: str, implementation: str, mesh_config: MeshCo
 
 @only("differentiable")
 @meshes(MESH_CONFIGS)
-@settings(max_examples=EXAMPLES_PER_MESH)
+@PER_MESH
 @given(data=st.data())
 def test_gradients(
     family: str, implementation: str, platform: str, mesh_config: MeshConfig, data: st.DataObject

@@ -314,11 +314,11 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(2, 1)
     if hasattr(signal, "SIGUSR1"):  # not on Windows
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    from fixtures.devices import CPU_DEVICE_COUNT
+    from conformance.fixtures.devices import CPU_DEVICE_COUNT
 
     compat.configure_cpu_devices(CPU_DEVICE_COUNT)
     runner.HANG_TIMEOUT_S, runner.ABORT_GRACE_S = args.hang_timeout, args.abort_grace
-    for module in ["kernels", *filter(None, args.kernels.split(","))]:
+    for module in ["conformance.kernels", *filter(None, args.kernels.split(","))]:
         try:
             importlib.import_module(module)
         except Exception as error:  # its kernels are checked in the parent instead

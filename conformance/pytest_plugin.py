@@ -1,12 +1,32 @@
-"""pytest plugin: loads kernels, parametrizes the family tests, gates backends, reports bytes.
+"""pytest plugin: loads kernels, parametrizes the family tests, gates backends, reports results.
+
+Installed, the suite's package registers this module as a pytest plugin (entry point
+``pytest11``: ``conformance``), so ``pytest --pyargs conformance`` works from any
+directory; ``-p no:conformance`` turns it off. It registers its markers and options
+and does nothing else to a session that collects none of its tests: the CPU device
+count (8 simulated devices) is set only once conformance tests are collected, just
+before the first one runs. The one rule: nothing may start a JAX backend while
+pytest collects (no arrays created at import time of a test or kernel module).
 
 Options:
 
 ``--kernels=MODULE[,MODULE...]``
     import these modules before collection; their ``conformance.register``
-    calls join the run next to the built-ins (``kernels``).
+    calls join the run next to the built-ins (``conformance.kernels``).
 ``--impl=GLOB[,GLOB...]``
-    run only implementations whose names match one of the globs.
+    run only implementations whose names match one of the globs (every test that
+    runs a kernel, the suite's own fixed tests too).
+``--xfails-file=F``, ``--skips-file=F``
+    known failures / tests not to run: one test id or glob per line, ``#`` comments
+    (array-api-tests' convention). Ids are the uniform ``family/impl/check/mesh/...`` ones
+    (:mod:`conformance.results`) or pytest node ids. An xfail that passes fails the run
+    (strict); a line that matches no collected test is reported as stale.
+``--conformance-json=PATH``, ``--conformance-html=PATH``
+    every outcome and table of the run as JSON (schema in :mod:`conformance.results`) and
+    as one self-contained HTML page.
+``--require-backend=PLATFORM``
+    fail (exit status 4) when this host has no ``PLATFORM`` backend, instead of skipping
+    every test that needs it.
 ``--hang-timeout=SECONDS``, ``--check-timeout=SECONDS``, ``--isolation=process|off``
     the bounds on a Pallas kernel in interpret mode (see :mod:`conformance.isolation`).
 
@@ -15,22 +35,30 @@ Each family test module sets ``FAMILY = "<name>"``; tests that take
 implementations (the test id contains the name), ``mesh_config`` over the
 standard meshes, and ``platform`` over cpu/gpu/tpu, each value carrying the
 marker of the same name. A platform this host lacks is skipped with a reason,
-so ``pytest -m tpu`` on a CPU host skips rather than errors.
+so ``pytest -m tpu`` on a CPU host skips rather than errors (and says so in its
+summary). Any test may take ``conformance_mesh``: a ``jax.sharding.Mesh``
+parametrized over the standard meshes, or over those a
+``@pytest.mark.conformance_meshes("2-x-auto", ...)`` marker names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import fnmatch
 import importlib
+import re
+import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from conformance import bench, compat, isolation, registry, report, runner, specs
+from conformance import bench, claims, compat, isolation, registry, report, results, runner, specs, strategies
+from conformance.fixtures import devices as devices_lib
+from conformance.fixtures import meshes
 from conformance.specs.base import FIXED_SHAPES
-from fixtures import devices as devices_lib
-from fixtures import meshes
 
 settings.register_profile(
     "conformance-ci",
@@ -48,6 +76,18 @@ settings.register_profile(
     parent=settings.get_profile("conformance-ci"),
     derandomize=False,
     max_examples=200,
+)
+
+#: The markers the suite's tests carry, registered by the plugin (so ``--strict-markers`` works anywhere).
+MARKERS = (
+    "cpu: runs on the CPU backend with simulated devices",
+    "gpu: needs a GPU backend (skips with a reason elsewhere)",
+    "tpu: needs TPU chips (skips with a reason elsewhere)",
+    "multiprocess: launches several JAX processes on 127.0.0.1",
+    "slow: long-running; excluded from the default cpu run",
+    "benchmark: timing runs (pytest-benchmark); excluded unless -m names benchmark",
+    "selftest: the suite's own tests (broken kernels it must reject)",
+    "conformance_meshes(*labels): the standard meshes a test taking conformance_mesh runs on",
 )
 
 
@@ -71,6 +111,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="-m benchmark: timed calls per case after a warm-up (median reported)")  # fmt: skip
     group.addoption("--impl", default=None, metavar="GLOB[,GLOB...]",
                     help="run only implementations whose names match one of these globs")  # fmt: skip
+    group.addoption("--xfails-file", default=None, metavar="FILE",
+                    help="known failures: a test id or glob per line (# comments); strict")  # fmt: skip
+    group.addoption("--skips-file", default=None, metavar="FILE",
+                    help="tests not to run: a test id or glob per line (# comments)")  # fmt: skip
+    group.addoption("--conformance-json", default=None, metavar="PATH",
+                    help="write every outcome and table of the run as JSON")  # fmt: skip
+    group.addoption("--conformance-html", default=None, metavar="PATH",
+                    help="write the run's matrix, failures and tables as one self-contained HTML file")  # fmt: skip
+    group.addoption("--require-backend", choices=devices_lib.PLATFORMS, default=None, metavar="PLATFORM",
+                    help="fail, instead of skipping, when this host has no PLATFORM backend")  # fmt: skip
 
 
 def kernel_modules(config: pytest.Config) -> list[str]:
@@ -78,13 +128,18 @@ def kernel_modules(config: pytest.Config) -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    compat.configure_cpu_devices(devices_lib.CPU_DEVICE_COUNT)
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
     runner.HANG_TIMEOUT_S = config.getoption("hang_timeout")
     isolation.CHECK_TIMEOUT_S = config.getoption("check_timeout")
     isolation.MODE = config.getoption("isolation")
-    if not config.getoption("hypothesis_profile", None):
-        settings.load_profile("conformance-ci")
-    for module in ["kernels", *kernel_modules(config)]:
+    # The suite's hypothesis tests use this profile; the session's default profile (the user's own
+    # tests') is left alone. --hypothesis-profile=NAME picks another for the suite as well.
+    chosen = config.getoption("hypothesis_profile", None)
+    strategies.PROFILE = settings.get_profile(chosen or "conformance-ci")
+    config.stash[_STARTED] = (datetime.datetime.now().astimezone(), time.monotonic())
+    config.pluginmanager.register(_DevicesAfterCollection(), "conformance-devices")
+    for module in ["conformance.kernels", *kernel_modules(config)]:
         try:
             importlib.import_module(module)
         except ImportError as e:
@@ -104,7 +159,26 @@ def family(request: pytest.FixtureRequest) -> str:
     return request.module.FAMILY
 
 
+@pytest.fixture
+def conformance_mesh(request: pytest.FixtureRequest):
+    """A ``jax.sharding.Mesh`` over this host's CPU devices, one per standard mesh (or per label of
+    the test's ``conformance_meshes`` marker); ``request.param`` is its :class:`MeshConfig`."""
+    return meshes.build_mesh(request.param, "cpu")
+
+
+def _mesh_configs_for(metafunc: pytest.Metafunc) -> tuple[meshes.MeshConfig, ...]:
+    marker = metafunc.definition.get_closest_marker("conformance_meshes")
+    if marker is None:
+        return meshes.MESH_CONFIGS
+    if not marker.args:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: conformance_meshes() names no mesh label")
+    return tuple(meshes.parse_mesh(label) for label in marker.args)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "conformance_mesh" in metafunc.fixturenames:
+        configs = _mesh_configs_for(metafunc)
+        metafunc.parametrize("conformance_mesh", configs, ids=[c.label for c in configs], indirect=True)
     if not hasattr(metafunc.module, "FAMILY"):
         return  # only family test modules take the suite's parameters
     names = metafunc.fixturenames
@@ -134,8 +208,91 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
+_STARTED = pytest.StashKey[tuple]()
+#: Per item: its uniform id and parameters (:mod:`conformance.results`).
+_META = pytest.StashKey[dict]()
+
+
+def _is_conformance_item(item: pytest.Item) -> bool:
+    """A test of the suite's (its package's, or a family module's anywhere), or one taking its mesh."""
+    module = getattr(item, "module", None)
+    name = getattr(module, "__name__", "") or ""
+    return (
+        hasattr(module, "FAMILY")
+        or name == "conformance"
+        or name.startswith("conformance.")
+        or "conformance_mesh" in getattr(item, "fixturenames", ())
+    )
+
+
+def _meta(item: pytest.Item) -> dict:
+    """The item's uniform id and the parts of it, computed once."""
+    if _META in item.stash:
+        return item.stash[_META]
+    params = dict(getattr(getattr(item, "callspec", None), "params", {}))
+    module = getattr(item, "module", None)
+    check = getattr(item, "originalname", item.name).removeprefix("test_")
+    meta: dict = {"nodeid": item.nodeid}
+    if hasattr(module, "FAMILY") and isinstance(params.get("implementation"), str):
+        mesh = params.get("mesh_config")
+        meta.update(
+            family=module.FAMILY, impl=params["implementation"], check=check,
+            mesh=mesh.label if mesh is not None else None, platform=params.get("platform", "cpu"),
+            dtype=params.get("dtype"), shape=params.get("shape"), dma_mode=params.get("dma_mode"),
+        )  # fmt: skip
+        meta["id"] = results.uniform_id(module.FAMILY, params["implementation"], check, params)
+    else:
+        short = getattr(module, "__name__", "?").rsplit(".", 1)[-1]
+        meta["id"] = f"suite/{short}/{item.name}" if _is_conformance_item(item) else item.nodeid
+    item.stash[_META] = meta
+    ITEM_META[item.nodeid] = meta
+    return meta
+
+
+#: Every collected test's uniform id and its parts, by node id.
+ITEM_META: dict[str, dict] = {}
+
+
+def _read_patterns(path: str) -> list[tuple[int, str]]:
+    """``(line number, pattern)`` of a known-failures file: one id or glob per line, ``#`` comments."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise pytest.UsageError(f"cannot read {path}: {e}") from e
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        pattern = line.split("#", 1)[0].strip()
+        if pattern:
+            out.append((number, pattern))
+    return out
+
+
+def _matches(pattern: str, meta: dict) -> bool:
+    return any(fnmatch.fnmatchcase(meta[k], pattern) for k in ("id", "nodeid")) or meta["nodeid"] == pattern
+
+
+#: Lines of --xfails-file / --skips-file that matched no collected test.
+STALE: list[dict] = []
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect (not skip) tests with nothing to run, e.g. Pallas checks of a family with no Pallas kernel."""
+    """Known failures and skips from files (before -m/-k deselect, so a line is stale only if it
+    matches no collected test at all); then deselect (not skip) tests with nothing to run."""
+    for option, mark in (("xfails_file", "xfail"), ("skips_file", "skip")):
+        path = config.getoption(option)
+        if not path:
+            continue
+        for number, pattern in _read_patterns(path):
+            hits = [item for item in items if _matches(pattern, _meta(item))]
+            if not hits:
+                STALE.append({"file": path, "line": number, "pattern": pattern, "kind": mark})
+            reason = f"{Path(path).name}:{number}: {pattern}"
+            for item in hits:
+                if mark == "xfail":
+                    item.add_marker(pytest.mark.xfail(reason=f"known failure ({reason})", strict=True))
+                else:
+                    item.add_marker(pytest.mark.skip(reason=f"listed in the skips file ({reason})"))
 
     def has_empty_parameter(item: pytest.Item) -> bool:
         if not hasattr(getattr(item, "module", None), "FAMILY"):
@@ -146,13 +303,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     empty = [i for i in items if has_empty_parameter(i)]  # pytest's NOTSET placeholder
     if "benchmark" not in (config.getoption("markexpr") or ""):  # timings run only when asked for
         empty += [i for i in items if i.get_closest_marker("benchmark") and i not in empty]
+    pattern = config.getoption("impl")
+    if pattern:  # the suite's own fixed tests run built-in kernels: they too answer to --impl
+        globs = [g.strip() for g in pattern.split(",") if g.strip()]
+        for item in items:
+            names = getattr(getattr(item, "module", None), "IMPLEMENTATIONS", None)
+            if names is not None and not any(fnmatch.fnmatchcase(n, g) for n in names for g in globs):
+                if item not in empty:
+                    empty.append(item)
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
 
 
+def _selected_platforms(items: list[pytest.Item]) -> set[str]:
+    return {p for item in items for p in devices_lib.PLATFORMS if item.get_closest_marker(p)}
+
+
+class _DevicesAfterCollection:
+    """Sets the CPU device count once collection is final, if any conformance test is selected."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        ours = [i for i in items if _is_conformance_item(i)]
+        for item in ours:
+            _meta(item)
+        if not ours:
+            return  # a session without the suite's tests: JAX is left exactly as the user set it
+        problem = compat.ensure_cpu_devices(devices_lib.CPU_DEVICE_COUNT)
+        if problem:
+            raise pytest.UsageError(
+                f"{problem}. The rule: nothing may start a JAX backend while pytest collects (an array "
+                "created when a test or kernel module is imported); start it inside a test or fixture."
+            )
+        required = config.getoption("require_backend")
+        if required and not devices_lib.has_platform(required):
+            raise pytest.UsageError(f"--require-backend={required}: this host has no {required} backend "
+                                    f"({devices_lib.describe_host()}); nothing would run")  # fmt: skip
+        config.stash[_PLATFORMS] = _selected_platforms(ours)
+
+
+_PLATFORMS = pytest.StashKey[set]()
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip, with a reason, what this host cannot run: a missing backend or too few devices."""
+    results.LAST_CASE.clear()
     for platform in devices_lib.PLATFORMS:
         if item.get_closest_marker(platform) and not devices_lib.has_platform(platform):
             pytest.skip(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
@@ -167,6 +363,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 #: Every family test's outcome this run, for the summary of failures by cause.
 VERDICTS: list[report.Verdict] = []
+#: Every outcome of a test of the suite this run, by node id (:mod:`conformance.results`).
+OUTCOMES: dict[str, results.Outcome] = {}
 
 
 def _conformance_failure(error: BaseException | None):
@@ -184,10 +382,28 @@ def _conformance_failure(error: BaseException | None):
     return min(found, key=lambda f: report.case_size(f.case), default=None)
 
 
+def _skip_reason(rep: pytest.TestReport) -> str:
+    text = str(rep.longrepr[2]) if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else str(rep.longrepr or "")
+    # pytest prefixes "Skipped: " (or the class of a skip subclass, e.g. claims.NotClaimed)
+    return re.sub(r"^(Skipped|[\w.]*NotClaimed): ", "", text)
+
+
+def _is_not_claimed(rep: pytest.TestReport) -> bool:
+    return rep.skipped and not hasattr(rep, "wasxfail") and _skip_reason(rep).startswith(claims.NOT_CLAIMED)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     rep = outcome.get_result()
+    if not _is_conformance_item(item):
+        return
+    meta = _meta(item)
+    rep.user_properties.append(("conformance_id", meta["id"]))
+    noted = results.LAST_CASE.get("case")
+    if noted is not None and rep.when == "call":
+        case, check = noted
+        rep.user_properties += [("case", case.token), ("replay", case.replay_command(check))]
     params = getattr(getattr(item, "callspec", None), "params", {})
     if rep.when != "call" or "implementation" not in params or not hasattr(item.module, "FAMILY"):
         return
@@ -198,14 +414,70 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         failure = _conformance_failure(call.excinfo.value if call.excinfo else None)
         if failure is not None:
             verdict = dataclasses.replace(verdict, check=failure.check, case=failure.case, what=failure.what)
+            rep.user_properties += [("case", failure.case.token),
+                                    ("replay", failure.case.replay_command(failure.check))]  # fmt: skip
     if not rep.skipped:
         VERDICTS.append(verdict)
 
 
-def _byte_table(tr, title: str, records: list) -> None:
-    if not records:
+def _outcome_of(rep: pytest.TestReport) -> str | None:
+    """The results-model outcome one phase's report gives (``None``: the phase says nothing)."""
+    if rep.failed:
+        text = str(rep.longrepr or "")
+        return "xpassed" if rep.when == "call" and text.startswith("[XPASS(strict)]") else "failed"
+    if rep.skipped:
+        if hasattr(rep, "wasxfail"):
+            return "xfailed"
+        return "not_claimed" if _is_not_claimed(rep) else "skipped"
+    if rep.when == "call":
+        return "xpassed" if hasattr(rep, "wasxfail") else "passed"
+    return None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    props = dict(report.user_properties)
+    if "conformance_id" not in props:
         return
-    tr.section(title)
+    got = _outcome_of(report)
+    if got is None:
+        return
+    prior = OUTCOMES.get(report.nodeid)
+    if prior is not None and prior.outcome in ("failed", "xpassed"):
+        return  # a teardown does not undo a failure
+    if report.failed or report.skipped:
+        message = _skip_reason(report) if report.skipped and got != "xfailed" else str(report.longreprtext)
+    else:
+        message = ""
+    OUTCOMES[report.nodeid] = results.Outcome(
+        id=props["conformance_id"], nodeid=report.nodeid, outcome=got, message=message[:8000],
+        case=props.get("case"), replay=props.get("replay"),
+        duration_s=round(report.duration + (prior.duration_s if prior else 0.0), 4),
+        xfail_reason=getattr(report, "wasxfail", None) or None,
+    )  # fmt: skip
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    """A case the kernel does not claim is its own category: ``n`` / NOT CLAIMED, counted apart."""
+    if _is_not_claimed(report):
+        return "not claimed", "n", ("NOT CLAIMED", {"yellow": True})
+    return None
+
+
+def outcomes() -> list[results.Outcome]:
+    """Every outcome of this run, with the parts of its id filled in."""
+    out = []
+    for nodeid, o in OUTCOMES.items():
+        meta = ITEM_META.get(nodeid, {})
+        for key in ("family", "impl", "check", "mesh", "platform", "dtype", "shape", "dma_mode"):
+            setattr(o, key, meta.get(key))
+        out.append(o)
+    return out
+
+
+def _byte_table(title: str, records: list) -> results.Table | None:
+    if not records:
+        return None
+    table = results.Table(title, [], records)
     by_impl: dict[tuple[str, str], list] = defaultdict(list)
     for rec in records:
         by_impl[(rec.family, rec.impl)].append(rec)
@@ -225,47 +497,14 @@ def _byte_table(tr, title: str, records: list) -> None:
         line = f"{family:<21} {impl:<{width}}  ratio {span:>9} in {where}  via {via}"
         if unbounded:
             line += f"  UNBOUNDED on {unbounded}"
-        tr.write_line(line)
+        table.lines.append(line)
+    return table
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    from conformance.checks import (
-        ACCURACY_RECORDS,
-        BACKWARD_ACCURACY_RECORDS,
-        BACKWARD_BYTE_RECORDS,
-        BYTE_RECORDS,
-        LOWERED_BYTE_RECORDS,
-        OVERLAP_RECORDS,
-        TPU_LAYOUT_RECORDS,
-    )
-
-    tr = terminalreporter
-    _byte_table(tr, "forward: bytes received per device / lower bound (compiled HLO)", BYTE_RECORDS)
-    _byte_table(tr, "backward (VJP): bytes received per device / the math's bound (compiled HLO)",
-                BACKWARD_BYTE_RECORDS)  # fmt: skip
-    _byte_table(tr, "16-bit: bytes received per device / bound (modules lowered for each target)",
-                LOWERED_BYTE_RECORDS)  # fmt: skip
-    _accuracy_table(tr, "accuracy: rms error vs float64, implementation / baseline (same inputs)",
-                    ACCURACY_RECORDS)  # fmt: skip
-    _accuracy_table(tr, "backward accuracy: each gradient's rms error vs float64, implementation / baseline",
-                    BACKWARD_ACCURACY_RECORDS)  # fmt: skip
-    _overlap_table(tr, OVERLAP_RECORDS)
-    for title, lines in bench.tables(bench.RECORDS):
-        tr.section(title)
-        for line in lines:
-            tr.write_line(line)
-    _tpu_layout_table(tr, TPU_LAYOUT_RECORDS)
-    lines = report.summarize(VERDICTS)
-    if lines:
-        tr.section("conformance failures by implementation: each cause once, smallest failing case first")
-        for line in lines:
-            tr.write_line(line)
-
-
-def _accuracy_table(tr, title: str, records: list) -> None:
+def _accuracy_table(title: str, records: list) -> results.Table | None:
     if not records:
-        return
-    tr.section(title)
+        return None
+    table = results.Table(title, [], records)
     width = max(len(r.impl) for r in records)
     rows: dict[tuple[str, str, str, str], list] = defaultdict(list)
     for r in records:
@@ -275,17 +514,19 @@ def _accuracy_table(tr, title: str, records: list) -> None:
         low = min(r.ratio for r in recs)
         span = f"{low:.2f}-{worst.ratio:.2f}" if f"{low:.2f}" != f"{worst.ratio:.2f}" else f"{low:.2f}"
         rms = f"{worst.rms:.3e} / {worst.baseline_rms:.3e}"
-        tr.write_line(f"{family:<21} {impl:<{width}}  {dtype:<9} {gradient:<6} ratio {span:>9} on "
-                      f"{len(recs):>2} meshes; worst {worst.mesh}: {rms}")  # fmt: skip
+        table.lines.append(f"{family:<21} {impl:<{width}}  {dtype:<9} {gradient:<6} ratio {span:>9} on "
+                           f"{len(recs):>2} meshes; worst {worst.mesh}: {rms}")  # fmt: skip
+    return table
 
 
-def _tpu_layout_table(tr, records: list) -> None:
+def _tpu_layout_table(records: list) -> results.Table | None:
     """Per Pallas kernel and dtype: tile-edge shapes lowered to windows a TPU accepts, and refused."""
     if not records:
-        return
-    tr.section(
-        "TPU layout (lowered for TPU from this host): shapes accepted / refused with the constraint named"
-    )
+        return None
+    table = results.Table(
+        "TPU layout (lowered for TPU from this host): shapes accepted / refused with the constraint named",
+        [], records,
+    )  # fmt: skip
     by_impl: dict[tuple[str, str, str], list] = defaultdict(list)
     for rec in records:
         by_impl[(rec.family, rec.impl, rec.dtype)].append(rec)
@@ -296,17 +537,18 @@ def _tpu_layout_table(tr, records: list) -> None:
         ]
         refused = sum(r.refusal is not None for r in recs)
         limited = sum(r.host_limited is not None for r in recs)
-        tr.write_line(f"{family:<21} {impl:<{width}}  {dtype:<9} accepted {len(accepted)}: "
-                      f"{'; '.join(accepted)}  refused {refused}"
-                      + (f"  not lowerable on this host {limited}" if limited else ""))  # fmt: skip
+        table.lines.append(f"{family:<21} {impl:<{width}}  {dtype:<9} accepted {len(accepted)}: "
+                           f"{'; '.join(accepted)}  refused {refused}"
+                           + (f"  not lowerable on this host {limited}" if limited else ""))  # fmt: skip
+    return table
 
 
-def _overlap_table(tr, records: list) -> None:
+def _overlap_table(records: list) -> results.Table | None:
     """Per implementation and module: transfers that can hide behind a matmul / all, per ring length."""
     if not records:
-        return
-    tr.section("overlap: transfers with a matmul independent of them / all transfers, by ring length "
-               "(dataflow of each module)")  # fmt: skip
+        return None
+    table = results.Table("overlap: transfers with a matmul independent of them / all transfers, by ring "
+                          "length (dataflow of each module)", [], records)  # fmt: skip
     rows: dict[tuple[str, str, str], list] = defaultdict(list)
     for r in records:
         rows[(r.family, r.impl, r.module)].append(r)
@@ -323,4 +565,106 @@ def _overlap_table(tr, records: list) -> None:
             line += f"  scheduled: {bracketing}/{pairs} async pairs bracket a matmul"
         if recs[0].baseline:
             line += "  (baseline: reported, not judged)"
-        tr.write_line(line)
+        table.lines.append(line)
+    return table
+
+
+def tables() -> list[results.Table]:
+    """Every table of this run, in the order the terminal shows them."""
+    from conformance.checks import (
+        ACCURACY_RECORDS,
+        BACKWARD_ACCURACY_RECORDS,
+        BACKWARD_BYTE_RECORDS,
+        BYTE_RECORDS,
+        LOWERED_BYTE_RECORDS,
+        OVERLAP_RECORDS,
+        TPU_LAYOUT_RECORDS,
+    )
+
+    made = [
+        _byte_table("forward: bytes received per device / lower bound (compiled HLO)", BYTE_RECORDS),
+        _byte_table("backward (VJP): bytes received per device / the math's bound (compiled HLO)",
+                    BACKWARD_BYTE_RECORDS),  # fmt: skip
+        _byte_table("16-bit: bytes received per device / bound (modules lowered for each target)",
+                    LOWERED_BYTE_RECORDS),  # fmt: skip
+        _accuracy_table("accuracy: rms error vs float64, implementation / baseline (same inputs)",
+                        ACCURACY_RECORDS),  # fmt: skip
+        _accuracy_table("backward accuracy: each gradient's rms error vs float64, implementation / baseline",
+                        BACKWARD_ACCURACY_RECORDS),  # fmt: skip
+        _overlap_table(OVERLAP_RECORDS),
+    ]
+    made += [results.Table(title, lines, [r for r in bench.RECORDS if r.family in title])
+             for title, lines in bench.tables(bench.RECORDS)]  # fmt: skip
+    made.append(_tpu_layout_table(TPU_LAYOUT_RECORDS))
+    return [t for t in made if t is not None]
+
+
+def _missing_backends(config: pytest.Config) -> list[str]:
+    """Lines for each platform whose tests were selected but whose backend this host lacks."""
+    lines = []
+    for platform in sorted(config.stash.get(_PLATFORMS, set())):
+        if devices_lib.has_platform(platform):
+            continue
+        ran = [o for o in outcomes() if o.platform == platform and o.outcome in ("passed", "failed")]
+        skipped = sum(o.platform == platform and o.outcome == "skipped" for o in outcomes())
+        lines.append(f"no {platform} backend on this host ({devices_lib.describe_host()}): {skipped} {platform} "
+                     f"tests skipped, {len(ran)} ran; --require-backend={platform} makes this a failure")  # fmt: skip
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    tr = terminalreporter
+    for table in tables():
+        tr.section(table.title)
+        for line in table.lines:
+            tr.write_line(line)
+    lines = results.matrix_lines(outcomes())
+    if lines:
+        tr.section("conformance matrix: implementation x check")
+        for line in lines:
+            tr.write_line(line)
+    lines = report.summarize(VERDICTS)
+    if lines:
+        tr.section("conformance failures by implementation: each cause once, smallest failing case first")
+        for line in lines:
+            tr.write_line(line)
+    if STALE:
+        tr.section("stale known-failure lines: they match no collected test")
+        for s in STALE:
+            tr.write_line(f"{s['file']}:{s['line']}: {s['pattern']}  ({s['kind']})")
+    for line in _missing_backends(config):
+        tr.write_line(line, yellow=True, bold=True)
+    for option in ("conformance_json", "conformance_html"):
+        path = config.getoption(option)
+        if path and OUTCOMES:
+            tr.write_line(f"conformance: wrote {path}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    config = session.config
+    if not OUTCOMES:
+        return
+    made = tables()
+    xml = _junit_xml(config)
+    if xml is not None:  # the tables reach JUnit as testsuite properties
+        for table in made:
+            xml.add_global_property(f"conformance: {table.title}", "\n".join(table.lines))
+    json_path, html_path = config.getoption("conformance_json"), config.getoption("conformance_html")
+    if not (json_path or html_path):
+        return
+    started, t0 = config.stash[_STARTED]
+    document = results.to_json(outcomes(), made, started=started, duration_s=time.monotonic() - t0,
+                               stale=STALE, command=results.command_line())  # fmt: skip
+    if json_path:
+        results.write_json(json_path, document)
+    if html_path:
+        results.write_html(html_path, document)
+
+
+def _junit_xml(config: pytest.Config):
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover - pytest moved it
+        return None
+    return config.stash.get(xml_key, None)

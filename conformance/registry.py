@@ -8,17 +8,48 @@
     conformance.implementations("allgather_matmul")  # -> {name: callable}
 
 ``pytest conformance --kernels=MODULE`` imports ``MODULE`` so its registrations
-join the run; importing ``kernels`` registers every built-in.
+join the run; importing ``conformance.kernels`` registers every built-in.
+
+What a kernel supports is declared here too, and the suite checks it on exactly
+that: ``dtypes`` (the dtype names it claims), ``platforms`` and ``supports``, a
+predicate over one case's ``dims``, ``dtype``, ``axis_size`` and ``mesh_shape``
+returning ``None`` for a case it claims or a reason for one it does not.
+Cases outside the declaration are reported as *not claimed*, never run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Callable
-from typing import Any, TypeVar
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Supports(Protocol):
+    """``supports(*, dims, dtype, axis_size, mesh_shape) -> None | str``: ``None`` claims the case;
+    a string is the reason the kernel does not (shown as "not claimed: <reason>")."""
+
+    def __call__(
+        self, *, dims: Mapping[str, int], dtype: str, axis_size: int, mesh_shape: Mapping[str, int]
+    ) -> str | None: ...
+
+
+def multiples_of(**multiples: int) -> Supports:
+    """A ``supports`` predicate: each named dim a multiple of its value, e.g.
+    ``multiples_of(rows_per_shard=8)`` for a kernel that tiles rows by 8."""
+    for dim, m in multiples.items():
+        if not isinstance(m, int) or m < 1:
+            raise ValueError(f"multiples_of({dim}={m!r}): a positive integer is needed")
+
+    def supports(*, dims: Mapping[str, int], dtype: str, axis_size: int, mesh_shape) -> str | None:
+        bad = [f"{d}={dims[d]} is not a multiple of {m}" for d, m in multiples.items() if dims[d] % m]
+        return "; ".join(bad) or None
+
+    supports.__qualname__ = "multiples_of(" + ", ".join(f"{d}={m}" for d, m in multiples.items()) + ")"
+    return supports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,14 +73,46 @@ class Implementation:
     #: It supports ``jax.vjp``: the suite checks its gradients against numpy
     #: and audits the collectives of its backward pass.
     differentiable: bool = False
+    #: Dtype names it claims (``None``: every dtype of the family).
+    dtypes: tuple[str, ...] | None = None
+    #: Platforms it claims, of cpu/gpu/tpu (``None``: every platform).
+    platforms: tuple[str, ...] | None = None
+    #: The shape/mesh predicate (see :class:`Supports`); ``None`` claims every case.
+    supports: Supports | None = None
+    #: The module whose ``register`` call entered it (what ``--kernels`` must import to find it).
+    registered_by: str = ""
 
     @property
     def module(self) -> str:
-        return getattr(self.fn, "__module__", "") or ""
+        """The module to import to find this implementation: the one that registered it."""
+        return self.registered_by or getattr(self.fn, "__module__", "") or ""
 
     @property
     def is_builtin(self) -> bool:
-        return self.module.split(".")[0] == "kernels"
+        return self.module == "conformance.kernels" or self.module.startswith("conformance.kernels.")
+
+    def claims(
+        self,
+        *,
+        platform: str,
+        dtype: str,
+        dims: Mapping[str, int],
+        mesh_shape: Mapping[str, int],
+        axis_size: int,
+    ) -> str | None:
+        """``None`` if this implementation claims the case, else why not (its declaration's words)."""
+        if self.platforms is not None and platform not in self.platforms:
+            return f"platform {platform} (claims {', '.join(self.platforms)})"
+        if self.dtypes is not None and dtype not in self.dtypes:
+            return f"dtype {dtype} (claims {', '.join(self.dtypes)})"
+        if self.supports is None:
+            return None
+        reason = self.supports(dims=dict(dims), dtype=dtype, axis_size=axis_size, mesh_shape=dict(mesh_shape))
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(
+                f"{self.family}/{self.name}: supports() must return None or a reason string, got {reason!r}"
+            )
+        return reason
 
 
 _REGISTRY: dict[str, dict[str, Implementation]] = {}
@@ -70,6 +133,9 @@ def register(
     pallas: bool = False,
     lowering_targets: tuple[str, ...] | None = None,
     differentiable: bool = False,
+    dtypes: tuple[str, ...] | None = None,
+    platforms: tuple[str, ...] | None = None,
+    supports: Supports | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn`` as an implementation of ``family`` under ``name``; returns ``fn`` unchanged.
 
@@ -77,7 +143,15 @@ def register(
     its default ``lowering_targets`` is ``("tpu",)``, otherwise ``("tpu", "cuda")``.
     ``differentiable=True`` opts into the gradient checks (VJP against numpy
     float64) and the backward-pass collective audit.
+
+    What it supports (each ``None``: everything): ``dtypes``, a tuple of dtype names;
+    ``platforms``, of ``"cpu"``, ``"gpu"``, ``"tpu"``; ``supports``, a callable taking
+    keyword arguments ``dims``, ``dtype``, ``axis_size`` and ``mesh_shape`` (mesh axis name
+    -> size) returning ``None`` for a case it claims or the reason it does not
+    (:func:`multiples_of` builds the common one). The checks run on the cases it claims
+    (draws and fixed shapes adapt) and report the others as not claimed.
     """
+    registered_by = _caller_module()
     if lowering_targets is None:
         lowering_targets = ("tpu",) if pallas else ("tpu", "cuda")
     known = _known_families()
@@ -85,13 +159,30 @@ def register(
         raise ValueError(f"unknown kernel family {family!r}; known families: {', '.join(known)}")
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"implementation name {name!r} must be non-empty letters, digits, _ or -")
+    family_dtypes = _family_dtypes(family)
+    if dtypes is not None:
+        if isinstance(dtypes, str) or not dtypes:
+            raise TypeError(f"register({family!r}, name={name!r}): dtypes must be a non-empty tuple of names")
+        unknown = [d for d in dtypes if d not in family_dtypes]
+        if unknown:
+            raise ValueError(f"register({family!r}, name={name!r}): dtypes {unknown} are not dtypes of "
+                             f"{family!r} ({', '.join(family_dtypes)})")  # fmt: skip
+        dtypes = tuple(dtypes)
+    if platforms is not None:
+        if isinstance(platforms, str) or not set(platforms) <= {"cpu", "gpu", "tpu"} or not platforms:
+            raise ValueError(f"register({family!r}, name={name!r}): platforms must be a tuple of "
+                             f"'cpu', 'gpu', 'tpu'; got {platforms!r}")  # fmt: skip
+        platforms = tuple(platforms)
+    if supports is not None and not callable(supports):
+        raise TypeError(f"register({family!r}, name={name!r}): supports must be callable, got {supports!r}")
 
     def decorator(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"register({family!r}, name={name!r}) needs a callable, got {fn!r}")
         impl = Implementation(family, name, fn, baseline=baseline, description=description,
                               pallas=pallas, lowering_targets=tuple(lowering_targets),
-                              differentiable=differentiable)  # fmt: skip
+                              differentiable=differentiable, dtypes=dtypes, platforms=platforms,
+                              supports=supports, registered_by=registered_by)  # fmt: skip
         existing = _REGISTRY.setdefault(family, {}).get(name)
         if existing is not None and existing.fn is not fn:
             same_place = (existing.module, existing.fn.__qualname__) == (
@@ -107,6 +198,23 @@ def register(
         return fn
 
     return decorator
+
+
+def _caller_module() -> str:
+    """The module whose code called :func:`register` (outside this module)."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None and frame.f_globals.get("__name__") == __name__:
+            frame = frame.f_back
+        return frame.f_globals.get("__name__", "") if frame is not None else ""
+    finally:
+        del frame
+
+
+def _family_dtypes(family: str) -> tuple[str, ...]:
+    from conformance import specs
+
+    return specs.get(family).dtypes
 
 
 def implementations(family: str) -> dict[str, Callable[..., Any]]:
@@ -127,5 +235,17 @@ def get(family: str, name: str) -> Implementation:
     try:
         return _REGISTRY[family][name]
     except KeyError:
+        raise NotRegistered(family, name) from None
+
+
+class NotRegistered(KeyError):
+    """An implementation name the registry does not hold (a missing ``--kernels`` module, a typo)."""
+
+    def __init__(self, family: str, name: str) -> None:
         names = ", ".join(sorted(_REGISTRY.get(family, {}))) or "none"
-        raise KeyError(f"no implementation {name!r} of {family!r}; registered: {names}") from None
+        super().__init__(f"no implementation {name!r} of {family!r} is registered (registered: {names}); "
+                         "is the module that registers it passed with --kernels?")  # fmt: skip
+        self.family, self.name = family, name
+
+    def __str__(self) -> str:
+        return self.args[0]

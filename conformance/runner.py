@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding
 
 from conformance import compat, mosaic, registry, specs, tolerances
 from conformance.specs.base import FamilySpec
-from fixtures.meshes import MeshConfig, build_mesh, parse_mesh
+from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +121,7 @@ class Case:
         if self.platform != "cpu":
             parts += ["--platform", self.platform]
         module = self.implementation.module if self._is_registered() else ""
-        if module and not module.startswith("kernels"):
+        if module and not module.startswith("conformance.kernels"):
             parts += ["--kernels", module]
         return shlex.join(parts)
 

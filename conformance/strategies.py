@@ -9,12 +9,18 @@ contraction of 1, sizes that are not powers of two).
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from conformance import registry, specs
+from conformance import claims, registry, specs
 from conformance.runner import DMA_MODES, Case
-from fixtures.devices import devices_of
-from fixtures.meshes import MESH_CONFIGS, MeshConfig
+from conformance.fixtures.devices import devices_of
+from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig
+
+#: The hypothesis settings the suite's own tests run under (the plugin sets it from
+#: ``--hypothesis-profile``, default ``conformance-ci``); the session's default profile,
+#: which a user's own hypothesis tests use, is never changed.
+PROFILE: settings = settings.default
 
 #: Candidate values per named dim. K stays <= 32 so that gamma_{K+1} for
 #: bfloat16 (about K * 2**-8) stays well below 1 and the tolerance stays tight.
@@ -86,8 +92,20 @@ def draw_case(
     """
     if mesh is None:
         mesh = data.draw(mesh_configs(platform), label="mesh")
-    dtype = data.draw(st.sampled_from(dtypes) if dtypes else family_dtypes(family), label="dtype")
+    spec = specs.get(family)
+    dtypes = dtypes or spec.dtypes
+    canonical = tpu_native(family, impl, platform, dict(spec.canonical_dims))
+    if claims.declares_anything(family, impl):  # draw only what the kernel claims (conformance.claims)
+        claimed = claims.claimed_dtypes(family, impl, platform=platform, mesh=mesh, dims=canonical, dtypes=dtypes)
+        if not claimed:
+            claims.adapt(family, impl, platform=platform, mesh=mesh, dims=canonical, dtype=dtypes[0])  # raises
+        dtypes = claimed
+    dtype = data.draw(st.sampled_from(dtypes), label="dtype")
     drawn = tpu_native(family, impl, platform, data.draw(dims(family), label="dims"))
+    try:
+        drawn = claims.adapt(family, impl, platform=platform, mesh=mesh, dims=drawn, dtype=dtype)
+    except claims.NotClaimed:  # nothing near the drawn dims: the fixed shape's (claimed) neighbour
+        drawn = claims.adapt(family, impl, platform=platform, mesh=mesh, dims=canonical, dtype=dtype)
     seed = data.draw(st.integers(0, 2**16), label="seed")
     dma_mode = None
     if registry.get(family, impl).pallas and platform == "cpu":

@@ -27,7 +27,7 @@ import pytest
 
 from conformance import bench, compat, registry, runner, specs
 from conformance.runner import Case
-from fixtures.meshes import MeshConfig, parse_mesh
+from conformance.fixtures.meshes import MeshConfig, parse_mesh
 
 pytestmark = pytest.mark.benchmark
 

@@ -17,9 +17,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from conformance import checks, seed_cases
-from fixtures.meshes import build_mesh, parse_mesh
+from conformance.fixtures.meshes import build_mesh, parse_mesh
 
 pytestmark = pytest.mark.cpu
+#: It runs the seed's own kernel, no registered implementation: ``--impl`` deselects it.
+IMPLEMENTATIONS: tuple[str, ...] = ()
 
 #: 4 x 2 devices; rows over x, the result replicated over y (the seed's data x model).
 SEED_MESHES = ("4x2-x-explicit", "4x2-x-auto")

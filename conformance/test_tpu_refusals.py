@@ -20,8 +20,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from conformance import compat, mosaic
-from fixtures.meshes import build_mesh, parse_mesh
-from kernels.all_gather.pallas_ring import (
+from conformance.fixtures.meshes import build_mesh, parse_mesh
+from conformance.kernels.all_gather.pallas_ring import (
     pallas_ring_all_gather_bidirectional,
     pallas_ring_all_gather_unidirectional,
     row_split,
@@ -30,6 +30,15 @@ from kernels.all_gather.pallas_ring import (
 pytestmark = pytest.mark.cpu
 
 RINGS = (pallas_ring_all_gather_bidirectional, pallas_ring_all_gather_unidirectional)
+#: The registered implementations these tests run (``--impl`` deselects them when it names none).
+IMPLEMENTATIONS = tuple(ring.__name__ for ring in RINGS)
+
+
+def _id(value) -> str:
+    """Readable parameter ids: ``12x128``, ``float32``, ``(4, 128) tiles``."""
+    if isinstance(value, tuple):
+        return "x".join(map(str, value))
+    return getattr(value, "__name__", None) or str(value)
 
 
 @pytest.mark.parametrize(
@@ -41,6 +50,7 @@ RINGS = (pallas_ring_all_gather_bidirectional, pallas_ring_all_gather_unidirecti
         (1, "float32", False, 1), (3, "float32", False, 4), (5, "float32", False, 8),
         (1, "bfloat16", False, 2), (1, "int8", False, 4), (2, "int8", True, 4),
     ],
+    ids=_id,
 )  # fmt: skip
 def test_second_minor_tile_matches_xla_tpu_tilings(
     rows: int, dtype: str, large_tiling: bool, tile: int
@@ -54,6 +64,7 @@ def test_second_minor_tile_matches_xla_tpu_tilings(
     [((8, 128), "float32", True), ((16, 256), "bfloat16", True), ((8, 128), "bfloat16", True),
      ((24, 128), "bfloat16", False), ((3, 128), "float32", False), ((8, 64), "float32", False),
      ((32, 128), "int8", True), ((16, 128), "int8", True), ((40, 128), "int8", False)],
+    ids=_id,
 )  # fmt: skip
 def test_tile_aligned(shape: tuple[int, int], dtype: str, aligned: bool) -> None:
     assert mosaic.tile_aligned(shape, dtype) is aligned
@@ -63,6 +74,7 @@ def test_tile_aligned(shape: tuple[int, int], dtype: str, aligned: bool) -> None
     ("rows", "dtype", "split"),
     [(5, "float32", (3, 2)), (1, "float32", (1, 0)), (8, "float32", (8, 0)), (24, "float32", (16, 8)),
      (96, "int8", (64, 32)), (96, "bfloat16", (48, 48)), (3, "int8", (2, 1))],
+    ids=_id,
 )  # fmt: skip
 def test_bidirectional_split_is_tile_aligned_where_the_shard_is(rows: int, dtype: str, split: tuple) -> None:
     assert row_split((rows, 128), dtype, bidirectional=True) == split
@@ -81,6 +93,7 @@ def _lower_for_tpu(kernel, shape: tuple[int, ...], dtype) -> str:
     ("shape", "dtype", "named"),
     [((12, 128), jnp.float32, "(4, 128) tiles"), ((32, 64), jnp.float32, "(8, 128) tiles"),
      ((32, 128), jnp.bool_, "bool"), ((512,), jnp.float32, "1-D shard")],
+    ids=_id,
 )  # fmt: skip
 def test_ring_refuses_what_a_tpu_cannot_run(kernel, shape: tuple[int, ...], dtype, named: str) -> None:
     with pytest.raises(mosaic.TpuConstraintError, match=r".*") as refusal:

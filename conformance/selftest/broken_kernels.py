@@ -20,9 +20,9 @@ from jax.experimental import io_callback
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels._ring import ring_perm, with_ring_vjp
-from kernels.allgather_matmul import ring as good_ring
-from kernels.allgather_matmul._common import local_matmul, validate
+from conformance.kernels._ring import ring_perm, with_ring_vjp
+from conformance.kernels.allgather_matmul import ring as good_ring
+from conformance.kernels.allgather_matmul._common import local_matmul, validate
 
 #: broken implementation -> the test (check) that must fail for it
 EXPECTED_REJECTION: dict[str, str] = {

@@ -14,9 +14,9 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels._ring import dot, ring_perm, ring_reduce_scatter, with_ring_vjp
-from kernels.matmul_reduce_scatter import ring as good_ring
-from kernels.matmul_reduce_scatter._common import validate
+from conformance.kernels._ring import dot, ring_perm, ring_reduce_scatter, with_ring_vjp
+from conformance.kernels.matmul_reduce_scatter import ring as good_ring
+from conformance.kernels.matmul_reduce_scatter._common import validate
 
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_mrs_allreduce_then_slice": "test_collectives",

@@ -18,8 +18,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels.allgather_matmul._common import validate as validate_allgather_matmul
-from kernels.matmul_reduce_scatter._common import validate as validate_matmul_reduce_scatter
+from conformance.kernels.allgather_matmul._common import validate as validate_allgather_matmul
+from conformance.kernels.matmul_reduce_scatter._common import validate as validate_matmul_reduce_scatter
 
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_agmm_gathers_then_multiplies": "test_overlap",

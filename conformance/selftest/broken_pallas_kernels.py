@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance import compat
-from kernels.all_gather.pallas_ring import pallas_ring_all_gather_bidirectional
+from conformance.kernels.all_gather.pallas_ring import pallas_ring_all_gather_bidirectional
 
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_seed_shared_semaphores": "test_races",

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from conformance import hlo
-from fixtures.meshes import build_mesh, parse_mesh
+from conformance.fixtures.meshes import build_mesh, parse_mesh
 
 pytestmark = pytest.mark.selftest
 

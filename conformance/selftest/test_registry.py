@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_builtins_register_through_the_public_api() -> None:
-    import kernels  # noqa: F401
+    import conformance.kernels  # noqa: F401
 
     impls = conformance.implementations("allgather_matmul")
     assert {
@@ -47,7 +47,7 @@ def test_a_name_taken_by_another_function_is_refused() -> None:
 
 
 def test_impl_glob_filters() -> None:
-    import kernels  # noqa: F401
+    import conformance.kernels  # noqa: F401
 
     names = [i.name for i in registry.registered("allgather_matmul", "ring_*")]
     assert names == ["ring_allgather_matmul_bidirectional", "ring_allgather_matmul_unidirectional"]

@@ -27,7 +27,7 @@ from conformance.selftest import (
     other_style_kernels,
 )
 from conformance.selftest.other_style_kernels import HOST_LIMIT
-from fixtures.meshes import MESH_CONFIGS
+from conformance.fixtures.meshes import MESH_CONFIGS
 
 pytestmark = pytest.mark.selftest
 

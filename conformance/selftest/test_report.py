@@ -8,7 +8,7 @@ import pytest
 
 from conformance import report
 from conformance.runner import Case
-from fixtures.meshes import MESH_CONFIGS, parse_mesh
+from conformance.fixtures.meshes import MESH_CONFIGS, parse_mesh
 
 pytestmark = pytest.mark.selftest
 

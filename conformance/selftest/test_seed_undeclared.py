@@ -13,7 +13,7 @@ import pytest
 
 from conformance import checks, seed_cases
 from conformance.test_seed_backward_allreduce import SEED_MESHES, seed_arguments
-from fixtures.meshes import build_mesh, parse_mesh
+from conformance.fixtures.meshes import build_mesh, parse_mesh
 
 pytestmark = pytest.mark.selftest
 

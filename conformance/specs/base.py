@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -65,7 +66,8 @@ class FamilySpec:
     #: run at :attr:`even_dims`, so a defect that needs an odd shape shows as exactly that.
     canonical_dims: Mapping[str, int]
     dtypes: tuple[str, ...]
-    #: numpy float64 ground truth over float64 copies of the (dtype-rounded) inputs.
+    #: numpy float64 ground truth over float64 copies of the (dtype-rounded) inputs; a reference
+    #: with a keyword parameter ``axis_size`` is also given the mesh axis size (see :meth:`expected`).
     reference: Callable[..., np.ndarray]
     #: Elementwise absolute tolerance given float64 inputs and the dtype name.
     tolerance: Callable[..., np.ndarray]
@@ -115,6 +117,12 @@ class FamilySpec:
         if not any(v % 2 for v in self.canonical_dims.values()):
             raise ValueError(f"{self.name}: canonical_dims {dict(self.canonical_dims)} has no odd dim, "
                              "so the fixed-shape checks' even shape would be the same case")  # fmt: skip
+
+    def expected(self, inputs64: tuple[np.ndarray, ...], *, axis_size: int) -> np.ndarray:
+        """The reference result: ``reference(*inputs64)``, plus ``axis_size=`` where it takes one."""
+        if "axis_size" in inspect.signature(self.reference).parameters:
+            return self.reference(*inputs64, axis_size=axis_size)
+        return self.reference(*inputs64)
 
     @property
     def even_dims(self) -> dict[str, int]:

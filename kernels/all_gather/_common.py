@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from kernels._validation import axis_size, require_divisible
+from conformance.kernels._validation import axis_size, require_divisible
 
 
 def validate(name: str, x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str) -> int:

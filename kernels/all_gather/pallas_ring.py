@@ -77,7 +77,7 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance import mosaic
-from kernels.all_gather._common import validate
+from conformance.kernels.all_gather._common import validate
 
 
 def _neighbour(mesh_axes: tuple[str, ...], axis_name: str, index: jax.Array) -> tuple[jax.Array, ...]:

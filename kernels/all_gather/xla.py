@@ -7,7 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance import compat
-from kernels.all_gather._common import validate
+from conformance.kernels.all_gather._common import validate
 
 
 @conformance.register(

@@ -1,10 +1,10 @@
 """All-gather collective matmul: ``lhs[M,K] P(axis,None) @ rhs[K,N] P(None,axis)``."""
 
-from kernels.allgather_matmul.ring import (
+from conformance.kernels.allgather_matmul.ring import (
     ring_allgather_matmul_bidirectional,
     ring_allgather_matmul_unidirectional,
 )
-from kernels.allgather_matmul.xla import xla_allgather_matmul
+from conformance.kernels.allgather_matmul.xla import xla_allgather_matmul
 
 __all__ = [
     "ring_allgather_matmul_bidirectional",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jax
 
-from kernels._ring import dot
-from kernels._validation import axis_size, require_divisible
+from conformance.kernels._ring import dot
+from conformance.kernels._validation import axis_size, require_divisible
 
 
 def validate(name: str, lhs: jax.Array, rhs: jax.Array, mesh: jax.sharding.Mesh, axis_name: str) -> int:

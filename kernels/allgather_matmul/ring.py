@@ -24,7 +24,7 @@ are ``ceil`` and ``floor`` (never ``m // 2`` twice); with m == 1 the bottom half
 empty and only the leftward ring runs.
 
 Backward pass. Both rings are ``jax.custom_vjp`` functions whose backward is
-rings too (the schedules live in :mod:`kernels._ring`). With ``ct`` the
+rings too (the schedules live in :mod:`conformance.kernels._ring`). With ``ct`` the
 cotangent of this device's output columns:
 
 * ``d_rhs[:, cols_d] = lhs.T @ ct``: the gather ring runs again over ``lhs``
@@ -55,8 +55,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, with_ring_vjp
-from kernels.allgather_matmul._common import validate
+from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, with_ring_vjp
+from conformance.kernels.allgather_matmul._common import validate
 
 
 def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax.Array:

@@ -7,7 +7,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels.allgather_matmul._common import local_matmul, validate
+from conformance.kernels.allgather_matmul._common import local_matmul, validate
 
 
 @conformance.register(

@@ -8,7 +8,7 @@ addend of the result. The result is sharded by rows (``P(axis, None)``): row
 block j is the sum over all devices of their partials' block j. XLA's baseline
 computes the whole partial and then reduce-scatters it; nothing overlaps.
 
-Algorithm (the reduce-scatter ring of :mod:`kernels._ring`). An accumulator per
+Algorithm (the reduce-scatter ring of :mod:`conformance.kernels._ring`). An accumulator per
 row block travels round the ring; each device adds its contribution to that
 block as it passes, and computes its next contribution while the accumulator is
 in flight. Unidirectional: at step s device d holds the accumulator of block
@@ -45,8 +45,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, with_ring_vjp
-from kernels.matmul_reduce_scatter._common import validate
+from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, with_ring_vjp
+from conformance.kernels.matmul_reduce_scatter._common import validate
 
 
 def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax.Array:

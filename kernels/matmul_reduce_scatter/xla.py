@@ -12,8 +12,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from kernels._ring import dot
-from kernels.matmul_reduce_scatter._common import validate
+from conformance.kernels._ring import dot
+from conformance.kernels.matmul_reduce_scatter._common import validate
 
 
 @conformance.register(

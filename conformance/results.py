@@ -1,0 +1,312 @@
+"""One model of a run's results, and every report made from it: matrix, JSON, HTML.
+
+Each test the plugin sees becomes one :class:`Outcome`, keyed by a uniform id::
+
+    family/impl/check/mesh/platform[/dtype][/shape][/dma_mode]
+
+e.g. ``all_gather/my_ring/values/2x4-y-auto/cpu`` or
+``allgather_matmul/my_ring/dtype/4-x-explicit/cpu/bfloat16/odd``; a part the
+test is not parametrized over is left out. Known-failures files and the kernel
+x check matrix key on these ids (the suite's own fixed tests, which check the
+built-in kernels, have ids ``suite/<module>/<test>[<params>]``).
+
+An outcome is one of :data:`OUTCOMES`. ``not_claimed`` is a case the kernel's
+registration declares it does not support (see :mod:`conformance.claims`);
+it is neither a pass nor a skip.
+
+The JSON (``--conformance-json``), schema version :data:`SCHEMA`::
+
+    {"schema": "conformance-results/1",
+     "versions": {"python", "jax", "jaxlib", "numpy", "conformance"},
+     "platform": {"backend", "devices": [{"platform", "kind", "count"}], "host"},
+     "command": [...], "started": ISO time, "duration_s": float,
+     "counts": {outcome: n},
+     "matrix": {"family/impl": {check: {outcome: n}}},
+     "outcomes": [{"id", "nodeid", "family", "impl", "check", "mesh", "platform", "dtype",
+                   "shape", "dma_mode", "outcome", "message", "case", "replay", "duration_s",
+                   "xfail_reason"}],
+     "tables": [{"title", "lines": [...], "records": [{...}, ...]}],
+     "known_failures": {"stale": [{"file", "line", "pattern"}]}}
+
+The HTML (``--conformance-html``) is one self-contained file (no script, no
+network): the matrix first, then every failure with its message and replay
+line, then the tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+import json
+import platform as platform_lib
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+SCHEMA = "conformance-results/1"
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "not_claimed")
+#: Matrix cell letters, in the order cells list them.
+_LETTER = {"failed": "F", "xpassed": "X", "passed": "P", "xfailed": "x", "not_claimed": "n", "skipped": "s"}
+
+
+#: The case the running test last checked, and the check (set by ``family_tests.run``).
+LAST_CASE: dict[str, Any] = {}
+
+
+def note_case(case: Any, check: str) -> None:
+    LAST_CASE["case"] = (case, check)
+
+
+@dataclasses.dataclass
+class Outcome:
+    id: str
+    nodeid: str
+    outcome: str
+    family: str | None = None
+    impl: str | None = None
+    check: str | None = None
+    mesh: str | None = None
+    platform: str | None = None
+    dtype: str | None = None
+    shape: str | None = None
+    dma_mode: str | None = None
+    message: str = ""
+    case: str | None = None
+    replay: str | None = None
+    duration_s: float = 0.0
+    xfail_reason: str | None = None
+
+
+@dataclasses.dataclass
+class Table:
+    title: str
+    lines: list[str]
+    records: list[Any] = dataclasses.field(default_factory=list)
+
+
+def uniform_id(family: str, impl: str, check: str, params: dict[str, Any]) -> str:
+    """``family/impl/check/mesh/platform[/dtype][/shape][/dma_mode]`` (absent parts left out)."""
+    parts = [family, impl, check]
+    mesh = params.get("mesh_config")
+    parts.append(mesh.label if mesh is not None else "no-mesh")
+    parts.append(str(params.get("platform", "cpu")))
+    for key in ("dtype", "shape", "dma_mode"):
+        if key in params:
+            parts.append(str(params[key]))
+    return "/".join(parts)
+
+
+def matrix(outcomes: Iterable[Outcome]) -> dict[str, dict[str, Counter]]:
+    """``{"family/impl": {check: Counter(outcome)}}`` over the family tests."""
+    out: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    for o in outcomes:
+        if o.family and o.impl and o.check:
+            out[f"{o.family}/{o.impl}"][o.check][o.outcome] += 1
+    return out
+
+
+def _cell(counts: Counter) -> str:
+    return " ".join(f"{counts[k]}{_LETTER[k]}" for k in _LETTER if counts[k])
+
+
+def _verdict(counts: Counter) -> str:
+    if counts["failed"] or counts["xpassed"]:
+        return "FAIL"
+    if counts["passed"]:
+        return "ok"
+    if counts["xfailed"]:
+        return "xfail"
+    if counts["not_claimed"] and not counts["skipped"]:
+        return "not claimed"
+    return "skipped"
+
+
+def matrix_lines(outcomes: Iterable[Outcome]) -> list[str]:
+    """The kernel x check matrix as text: one row per implementation, one column per check."""
+    m = matrix(outcomes)
+    if not m:
+        return []
+    checks = sorted({c for row in m.values() for c in row})
+    width = max(len(k) for k in m)
+    lines = [
+        "cells: P passed, F failed, x xfailed, X xpassed, n not claimed, s skipped (counts of tests)",
+    ]
+    for impl, row in sorted(m.items()):
+        total = sum((c for c in row.values()), Counter())
+        lines.append(f"{impl:<{width}}  {_verdict(total):<11} {_cell(total)}")
+        for check in checks:
+            if check in row:
+                lines.append(f"{'':<{width}}    {check:<22} {_verdict(row[check]):<11} {_cell(row[check])}")
+    return lines
+
+
+def _jsonable(record: Any) -> Any:
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        out = {}
+        for f in dataclasses.fields(record):
+            value = getattr(record, f.name)
+            out[f.name] = value if isinstance(value, (str, int, float, bool, type(None))) else _jsonable(value)
+        return out
+    if isinstance(record, (list, tuple)):
+        return [_jsonable(v) for v in record]
+    if isinstance(record, dict):
+        return {str(k): _jsonable(v) for k, v in record.items()}
+    if isinstance(record, (str, int, float, bool, type(None))):
+        return record
+    return str(record)
+
+
+def environment() -> dict[str, Any]:
+    import jax
+    import jaxlib
+    import numpy as np
+
+    import conformance
+    from conformance.fixtures import devices as devices_lib
+
+    kinds: Counter = Counter()
+    for name in devices_lib.PLATFORMS:
+        for d in devices_lib.devices_of(name):
+            kinds[(name, getattr(d, "device_kind", "?"))] += 1
+    return {
+        "versions": {
+            "python": platform_lib.python_version(),
+            "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__,
+            "numpy": np.__version__,
+            "conformance": conformance.__version__,
+        },
+        "platform": {
+            "backend": jax.default_backend(),
+            "devices": [{"platform": p, "kind": k, "count": n} for (p, k), n in sorted(kinds.items())],
+            "host": devices_lib.describe_host(),
+            "machine": platform_lib.machine(),
+            "system": platform_lib.system(),
+        },
+    }
+
+
+def to_json(
+    outcomes: list[Outcome],
+    tables: list[Table],
+    *,
+    started: datetime.datetime,
+    duration_s: float,
+    stale: list[dict[str, Any]],
+    command: list[str],
+) -> dict[str, Any]:
+    m = matrix(outcomes)
+    return {
+        "schema": SCHEMA,
+        **environment(),
+        "command": command,
+        "started": started.isoformat(timespec="seconds"),
+        "duration_s": round(duration_s, 3),
+        "counts": {k: sum(o.outcome == k for o in outcomes) for k in OUTCOMES},
+        "matrix": {impl: {c: dict(n) for c, n in row.items()} for impl, row in sorted(m.items())},
+        "outcomes": [dataclasses.asdict(o) for o in outcomes],
+        "tables": [{"title": t.title, "lines": t.lines, "records": _jsonable(t.records)} for t in tables],
+        "known_failures": {"stale": stale},
+    }
+
+
+def write_json(path: str, document: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(document, f, indent=1, sort_keys=False)
+        f.write("\n")
+
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:center;white-space:nowrap}
+th.impl,td.impl{text-align:left}
+td.ok{background:#dff3df}td.FAIL{background:#f6c8c8;font-weight:bold}
+td.not-claimed{background:#eee;color:#666}td.xfail{background:#e8e1f7}td.skipped{background:#fbf3d5}
+td.none{color:#bbb}
+pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px}
+details{margin:.4em 0}summary{cursor:pointer}
+.counts span{margin-right:1em}.legend{color:#555;font-size:12px}
+"""
+
+
+def to_html(document: dict[str, Any]) -> str:
+    """One self-contained page: matrix, failures, tables."""
+    esc = html.escape
+    outcomes = document["outcomes"]
+    counts = document["counts"]
+    v = document["versions"]
+    checks = sorted({c for row in document["matrix"].values() for c in row})
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>Conformance results</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>Conformance results</h1>",
+        f"<p>jax {esc(v['jax'])}, jaxlib {esc(v['jaxlib'])}, Python {esc(v['python'])}; "
+        f"{esc(document['platform']['host'])}; started {esc(document['started'])}, "
+        f"{document['duration_s']:.1f} s</p>",
+        '<p class="counts" id="counts">'
+        + "".join(f'<span data-outcome="{k}">{esc(k.replace("_", " "))}: {n}</span>' for k, n in counts.items())
+        + "</p>",
+        '<h2 id="matrix">Implementations x checks</h2>',
+        '<p class="legend">Each cell: the verdict, then counts of tests (P passed, F failed, x xfailed, '
+        "X xpassed, n not claimed, s skipped).</p>",
+        '<table id="matrix-table"><thead><tr><th class="impl">implementation</th>'
+        + "".join(f"<th>{esc(c)}</th>" for c in checks)
+        + "</tr></thead><tbody>",
+    ]
+    for impl, row in document["matrix"].items():
+        cells = []
+        for check in checks:
+            counts_here = Counter(row.get(check, {}))
+            if not counts_here:
+                cells.append('<td class="none">-</td>')
+                continue
+            verdict = _verdict(counts_here)
+            cells.append(
+                f'<td class="{verdict.replace(" ", "-")}" title="{esc(_cell(counts_here))}">'
+                f"{esc(verdict)}<br><small>{esc(_cell(counts_here))}</small></td>"
+            )
+        out.append(f'<tr><td class="impl">{esc(impl)}</td>{"".join(cells)}</tr>')
+    out.append("</tbody></table>")
+    failures = [o for o in outcomes if o["outcome"] in ("failed", "xpassed")]
+    out.append(f'<h2 id="failures">Failures ({len(failures)})</h2>')
+    if not failures:
+        out.append("<p>None.</p>")
+    for o in failures:
+        out.append(
+            f'<details class="failure"><summary><code>{esc(o["id"])}</code> ({esc(o["outcome"])})</summary>'
+            f"<pre>{esc(o['message'])}</pre>"
+            + (f"<p>replay: <code>{esc(o['replay'])}</code></p>" if o.get("replay") else "")
+            + "</details>"
+        )
+    stale = document["known_failures"]["stale"]
+    if stale:
+        out.append(f'<h2 id="stale">Stale known-failure lines ({len(stale)})</h2><ul>')
+        out += [f"<li><code>{esc(s['file'])}:{s['line']}</code> {esc(s['pattern'])}</li>" for s in stale]
+        out.append("</ul>")
+    out.append('<h2 id="tables">Tables</h2>')
+    for t in document["tables"]:
+        out.append(f"<h3>{esc(t['title'])}</h3><pre>{esc(chr(10).join(t['lines']))}</pre>")
+    not_claimed = [o for o in outcomes if o["outcome"] == "not_claimed"]
+    if not_claimed:
+        reasons = Counter(o["message"] for o in not_claimed)
+        out.append(f'<h2 id="not-claimed">Not claimed ({len(not_claimed)})</h2><ul>')
+        out += [f"<li>{n} x {esc(r)}</li>" for r, n in reasons.most_common()]
+        out.append("</ul>")
+    out.append(f"<p class=\"legend\">command: <code>{esc(' '.join(document['command']))}</code></p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write_html(path: str, document: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(to_html(document))
+
+
+def command_line() -> list[str]:
+    return [sys.executable.rsplit("/", 1)[-1], *sys.argv[1:]] if sys.argv else []

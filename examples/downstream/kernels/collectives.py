@@ -1,0 +1,85 @@
+"""Two kernels of this project, registered with the conformance suite with what they support.
+
+``downstream_ring_all_gather``
+    a ``ppermute`` ring under ``shard_map``: ``n - 1`` hops to the next device, each
+    block placed by its owner. It is written for float32 and bfloat16 only, and
+    declares that: the suite checks those two dtypes and reports int32 and int8 as
+    not claimed.
+``downstream_tiled_allgather_matmul``
+    gathers the LHS round a ``ppermute`` ring, then multiplies in row tiles of 8, on
+    1-D meshes only;
+    ``supports`` says so. The suite moves its fixed shapes and draws to multiples of
+    8 rows per shard and reports 2-D meshes as not claimed. It does not yet overlap
+    its transfer with compute: ``known_failures.txt`` lists the overlap check.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import conformance
+
+#: Rows per tile of the tiled matmul: a shard must hold whole tiles.
+ROW_TILE = 8
+
+
+def _ring_gather(block: jax.Array, axis_name: str, n: int) -> jax.Array:
+    """Every device's block, in device order: ``n - 1`` hops to the next device round the ring."""
+    me = lax.axis_index(axis_name)
+    to_next = [(j, (j + 1) % n) for j in range(n)]
+    held, blocks = block, [block]
+    for _ in range(n - 1):  # after hop s this device holds the block of device me - s
+        held = lax.ppermute(held, axis_name, to_next)
+        blocks.append(held)
+    owners = (me - jnp.arange(n)) % n
+    placed = jnp.zeros((n, *block.shape), block.dtype).at[owners].set(jnp.stack(blocks))
+    return placed.reshape(n * block.shape[0], *block.shape[1:])
+
+
+@conformance.register(
+    "all_gather",
+    name="downstream_ring_all_gather",
+    dtypes=("float32", "bfloat16"),
+    description="ppermute ring, n - 1 hops; float32 and bfloat16 only",
+)
+def downstream_ring_all_gather(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+    n = mesh.shape[axis_name]
+    per_device = lambda block: _ring_gather(block, axis_name, n)
+    return jax.shard_map(per_device, mesh=mesh, in_specs=P(axis_name), out_specs=P(), check_vma=False)(x)
+
+
+def _whole_row_tiles_on_one_axis(*, dims, dtype, axis_size, mesh_shape) -> str | None:
+    """The declaration of :func:`downstream_tiled_allgather_matmul` (``None``: supported)."""
+    if len(mesh_shape) != 1:
+        return f"1-D meshes only (got {dict(mesh_shape)})"
+    if dims["rows_per_shard"] % ROW_TILE:
+        return f"rows_per_shard={dims['rows_per_shard']} is not a multiple of the row tile {ROW_TILE}"
+    return None
+
+
+@conformance.register(
+    "allgather_matmul",
+    name="downstream_tiled_allgather_matmul",
+    supports=_whole_row_tiles_on_one_axis,
+    description="ppermute ring gather of lhs, then a matmul in row tiles of 8; 1-D meshes",
+)
+def downstream_tiled_allgather_matmul(
+    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+) -> jax.Array:
+    n = mesh.shape[axis_name]
+    if lhs.shape[0] % n or rhs.shape[1] % n:
+        raise ValueError(f"downstream_tiled_allgather_matmul: lhs rows {lhs.shape[0]} and rhs columns "
+                         f"{rhs.shape[1]} must divide by the axis size {n}")  # fmt: skip
+
+    def per_device(lhs_block: jax.Array, rhs_block: jax.Array) -> jax.Array:
+        rows = _ring_gather(lhs_block, axis_name, n)
+        tiles = rows.reshape(-1, ROW_TILE, rows.shape[-1])
+        out = jnp.einsum("tik,kj->tij", tiles, rhs_block, preferred_element_type=jnp.float32)
+        return out.reshape(rows.shape[0], -1).astype(lhs_block.dtype)
+
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)
