@@ -36,9 +36,10 @@ implementations (the test id contains the name), ``mesh_config`` over the
 standard meshes, and ``platform`` over cpu/gpu/tpu, each value carrying the
 marker of the same name. A platform this host lacks is skipped with a reason,
 so ``pytest -m tpu`` on a CPU host skips rather than errors (and says so in its
-summary). Any test may take ``conformance_mesh``: a ``jax.sharding.Mesh``
-parametrized over the standard meshes, or over those a
-``@pytest.mark.conformance_meshes("2-x-auto", ...)`` marker names.
+summary). Any test may take ``conformance_mesh`` (a ``jax.sharding.Mesh``) or
+``conformance_mesh_config`` (its :class:`MeshConfig`, for a ``Case``): parametrized over
+the standard meshes, or over those a ``@pytest.mark.conformance_meshes("2-x-auto", ...)``
+marker names.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ MARKERS = (
     "slow: long-running; excluded from the default cpu run",
     "benchmark: timing runs (pytest-benchmark); excluded unless -m names benchmark",
     "selftest: the suite's own tests (broken kernels it must reject)",
-    "conformance_meshes(*labels): the standard meshes a test taking conformance_mesh runs on",
+    "conformance_meshes(*labels): the meshes a test taking conformance_mesh(_config) runs on",
 )
 
 
@@ -160,10 +161,11 @@ def family(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def conformance_mesh(request: pytest.FixtureRequest):
+def conformance_mesh(conformance_mesh_config: meshes.MeshConfig):
     """A ``jax.sharding.Mesh`` over this host's CPU devices, one per standard mesh (or per label of
-    the test's ``conformance_meshes`` marker); ``request.param`` is its :class:`MeshConfig`."""
-    return meshes.build_mesh(request.param, "cpu")
+    the test's ``conformance_meshes`` marker). ``conformance_mesh_config`` (a parameter a test may
+    take too) is its :class:`~conformance.fixtures.meshes.MeshConfig`, what a ``Case`` needs."""
+    return meshes.build_mesh(conformance_mesh_config, "cpu")
 
 
 def _mesh_configs_for(metafunc: pytest.Metafunc) -> tuple[meshes.MeshConfig, ...]:
@@ -176,9 +178,10 @@ def _mesh_configs_for(metafunc: pytest.Metafunc) -> tuple[meshes.MeshConfig, ...
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "conformance_mesh" in metafunc.fixturenames:
+    if "conformance_mesh_config" in metafunc.fixturenames:
         configs = _mesh_configs_for(metafunc)
-        metafunc.parametrize("conformance_mesh", configs, ids=[c.label for c in configs], indirect=True)
+        metafunc.parametrize("conformance_mesh_config", [pytest.param(c, marks=pytest.mark.cpu) for c in configs],
+                             ids=[c.label for c in configs])  # fmt: skip  (the meshes are CPU meshes)
     if not hasattr(metafunc.module, "FAMILY"):
         return  # only family test modules take the suite's parameters
     names = metafunc.fixturenames
@@ -221,7 +224,7 @@ def _is_conformance_item(item: pytest.Item) -> bool:
         hasattr(module, "FAMILY")
         or name == "conformance"
         or name.startswith("conformance.")
-        or "conformance_mesh" in getattr(item, "fixturenames", ())
+        or "conformance_mesh_config" in getattr(item, "fixturenames", ())
     )
 
 

@@ -88,6 +88,14 @@ def test_own_tests_see_one_cpu_device(installed: dict[str, Path]) -> None:
     assert "conformance matrix" not in done.stdout, done.stdout[-2000:]
 
 
+def test_a_family_of_ones_own_and_reuse_of_fixture_and_checks(installed: dict[str, Path]) -> None:
+    done = _run(installed, "-m", "pytest", "conformance_family", "-m", "cpu", "-q", "-p", "no:cacheprovider")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert "241 passed" in summary, summary  # 238 standard checks on 14 meshes + 3 of the project's own
+    assert "ring_shift/downstream_ring_shift  ok" in done.stdout, done.stdout[-3000:]
+
+
 def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     out = installed["root"] / "results"
     out.mkdir()

@@ -1,0 +1,177 @@
+"""The plugin's downstream options, each seen to act: declarations, known-failures files
+(strict xpass, stale lines), skips files, ``--impl`` on the fixed tests, ``--require-backend``,
+the device-count rule, and replay of an implementation that is not registered.
+
+Sub-runs are separate pytest processes started from a scratch directory with the suite's
+plugin loaded as a user gets it (entry point), on one small implementation each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conformance import claims, registry
+from conformance.fixtures.meshes import parse_mesh
+
+pytestmark = pytest.mark.selftest
+
+KERNELS = '''
+import jax
+from jax.sharding import PartitionSpec as P
+
+import conformance
+from conformance import compat
+
+
+@conformance.register("all_gather", name="opt_gather", platforms=("cpu",), dtypes=("float32", "int32"))
+def opt_gather(x, *, mesh, axis_name):
+    if x.shape[0] % mesh.shape[axis_name]:
+        raise ValueError(f"{x.shape[0]} rows do not divide by the axis size {mesh.shape[axis_name]}")
+    return jax.shard_map(lambda b: compat.all_gather_invariant(b, axis_name, axis=0, tiled=True),
+                         mesh=mesh, in_specs=P(axis_name), out_specs=P())(x)
+'''
+
+
+def _pytest(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.CompletedProcess:
+    (tmp_path / "opt_kernels.py").write_text(textwrap.dedent(kernels))
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env["PYTHONPATH"] = str(tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "conformance", "--kernels=opt_kernels",
+         "-p", "no:cacheprovider", "-q", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def scratch_registry():
+    """Registrations made by a test are undone after it."""
+    saved = {family: dict(impls) for family, impls in registry._REGISTRY.items()}
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
+
+
+def test_register_rejects_declarations_it_cannot_honour(scratch_registry) -> None:
+    fn = lambda x, *, mesh, axis_name: x  # noqa: E731
+    with pytest.raises(ValueError, match=r"dtypes \['float64'\] are not dtypes of 'all_gather'"):
+        registry.register("all_gather", name="bad_decl", dtypes=("float64",))(fn)
+    with pytest.raises(TypeError, match="non-empty tuple"):
+        registry.register("all_gather", name="bad_decl", dtypes="float32")(fn)
+    with pytest.raises(ValueError, match="platforms must be a tuple"):
+        registry.register("all_gather", name="bad_decl", platforms=("cuda",))(fn)
+    with pytest.raises(TypeError, match="supports must be callable"):
+        registry.register("all_gather", name="bad_decl", supports=8)(fn)
+
+
+def test_shapes_move_to_the_nearest_claimed_ones(scratch_registry) -> None:
+    fn = lambda x, *, mesh, axis_name: x  # noqa: E731
+    registry.register("all_gather", name="claims_rows_of_8",
+                      supports=registry.multiples_of(rows_per_shard=8))(fn)  # fmt: skip
+    one_axis = lambda *, dims, dtype, axis_size, mesh_shape: None if len(mesh_shape) == 1 else "1-D only"  # noqa: E731
+    registry.register("all_gather", name="claims_one_axis", supports=one_axis)(fn)
+    mesh, mesh2 = parse_mesh("4-x-auto"), parse_mesh("2x4-y-auto")
+    at = dict(platform="cpu", dtype="float32")
+    assert claims.adapt("all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 128},
+                        **at) == {"rows_per_shard": 8, "cols": 128}  # fmt: skip
+    assert claims.adapt("all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 16, "cols": 1},
+                        **at) == {"rows_per_shard": 16, "cols": 1}  # fmt: skip
+    assert claims.adapt("all_gather", "xla_all_gather", mesh=mesh, dims={"rows_per_shard": 3, "cols": 1},
+                        **at) == {"rows_per_shard": 3, "cols": 1}  # fmt: skip
+    with pytest.raises(claims.NotClaimed, match="1-D only"):
+        claims.adapt("all_gather", "claims_one_axis", mesh=mesh2, dims={"rows_per_shard": 3, "cols": 1}, **at)
+    why = claims.reason("all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 1}, **at)
+    assert why == "rows_per_shard=3 is not a multiple of 8", why
+
+
+def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) -> None:
+    (tmp_path / "xfails.txt").write_text(
+        "# a comment line\n"
+        "all_gather/opt_gather/determinism/2-x-auto/cpu/odd   # passes: a strict xfail fails the run\n"
+        "all_gather/opt_gather/no_such_check/*\n"
+    )  # fmt: skip
+    (tmp_path / "skips.txt").write_text("all_gather/opt_gather/determinism/4-x-auto/*\n")
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-k", "test_determinism or test_dtype",
+                   "--xfails-file=xfails.txt", "--skips-file=skips.txt", "--conformance-json=out.json")  # fmt: skip
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "xfails.txt:3: all_gather/opt_gather/no_such_check/*  (xfail)" in done.stdout, done.stdout[-3000:]
+    document = json.loads((tmp_path / "out.json").read_text())
+    by = {o["id"]: o for o in document["outcomes"]}
+    assert by["all_gather/opt_gather/determinism/2-x-auto/cpu/odd"]["outcome"] == "xpassed"
+    assert by["all_gather/opt_gather/determinism/4-x-auto/cpu/odd"]["outcome"] == "skipped"
+    assert by["all_gather/opt_gather/dtype/2-x-auto/cpu/int8/odd"]["outcome"] == "not_claimed"
+    assert by["all_gather/opt_gather/dtype/2-x-auto/cpu/int32/odd"]["outcome"] == "passed"
+    assert document["known_failures"]["stale"] == [
+        {"file": "xfails.txt", "line": 3, "pattern": "all_gather/opt_gather/no_such_check/*", "kind": "xfail"}
+    ]
+    assert document["counts"]["xpassed"] == 1 and document["counts"]["failed"] == 0, document["counts"]
+
+
+def test_impl_filters_the_suites_fixed_tests(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "--collect-only")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert ids and all("opt_gather" in i for i in ids), [i for i in ids if "opt_gather" not in i][:5]
+
+
+def test_a_platform_without_backend_says_so_and_can_be_required(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, "-m", "tpu", "--impl=opt_gather", "-k", "test_determinism")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "no tpu backend on this host" in done.stdout and "--require-backend=tpu" in done.stdout, done.stdout
+    done = _pytest(tmp_path, "-m", "tpu", "--impl=opt_gather", "-k", "test_determinism", "--require-backend=tpu")
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "--require-backend=tpu: this host has no tpu backend" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_backend_started_during_collection_is_named_with_the_rule(tmp_path: Path) -> None:
+    early = KERNELS + "\nimport jax.numpy as jnp\nSTARTED_AT_IMPORT = jnp.zeros(1)\n"
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-k", "test_determinism", kernels=early)
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "had already started with 1 device" in done.stderr and "The rule" in done.stderr, done.stderr[-3000:]
+
+
+def test_replay_of_an_unregistered_implementation_is_not_a_kernel_failure(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", "replay", "values", "all_gather", "no_such_kernel",
+         "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "cannot replay: no implementation 'no_such_kernel' of 'all_gather' is registered" in done.stderr
+    assert "--kernels" in done.stderr and "FAILED" not in done.stdout
+
+
+ABSLTEST = """
+from conformance import absltest as conformance_absltest
+import conformance.selftest.broken_kernels  # registers broken_ring_wrong_slot
+
+
+class RingTest(conformance_absltest.conformance_test_case(
+        "allgather_matmul", impls=("ring_allgather_matmul_unidirectional", "broken_ring_wrong_slot"),
+        checks=("values", "collectives"), meshes=("4-x-auto",))):
+    pass
+
+
+if __name__ == "__main__":
+    conformance_absltest.main()
+"""
+
+
+def test_absltest_entry_passes_a_correct_kernel_and_fails_a_broken_one(tmp_path: Path) -> None:
+    (tmp_path / "ring_test.py").write_text(ABSLTEST)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    done = subprocess.run([sys.executable, "ring_test.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env=env)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr[-4000:]
+    assert "Ran 8 tests" in done.stderr and "FAILED (failures=2)" in done.stderr, done.stderr[-4000:]
+    failed = [line for line in done.stderr.splitlines() if line.startswith("FAIL: ")]
+    assert len(failed) == 2 and all("broken_ring_wrong_slot" in line and "test_values" in line for line in failed)
+    assert "first wrong shard" in done.stderr and "python -m conformance replay values" in done.stderr
