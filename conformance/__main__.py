@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                 traits = [t for t, on in (("baseline", impl.baseline), ("Pallas", impl.pallas),
                                           ("differentiable", impl.differentiable)) if on]  # fmt: skip
                 tag = f" ({', '.join(traits)})" if traits else ""
-                claims = [f"{k}={','.join(v)}" for k, v in (("dtypes", impl.dtypes), ("platforms", impl.platforms))
-                          if v is not None]  # fmt: skip
+                declared = (("dtypes", impl.dtypes), ("platforms", impl.platforms))
+                claims = [f"{k}={','.join(v)}" for k, v in declared if v is not None]
                 if impl.supports is not None:
                     claims.append(f"supports={getattr(impl.supports, '__qualname__', impl.supports)}")
                 claimed = f"  claims {'; '.join(claims)}" if claims else ""

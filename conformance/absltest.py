@@ -79,17 +79,22 @@ def conformance_test_case(
     return type(f"{_name(family).title()}ConformanceTest", (parameterized.TestCase,), body)
 
 
-
 def _run_one(test, family, impl, check_name, mesh, shape, dtype, platform) -> None:
     if not devices_lib.has_platform(platform):
         test.skipTest(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
     if len(devices_lib.devices_of(platform)) < mesh.num_devices:
-        test.skipTest(f"needs {mesh.num_devices} {platform} devices, found {len(devices_lib.devices_of(platform))}")
+        test.skipTest(
+            f"needs {mesh.num_devices} {platform} devices, found {len(devices_lib.devices_of(platform))}"
+        )
     record, spec = registry.get(family, impl), specs.get(family)
     try:
-        dims = claims.adapt(family, impl, platform=platform, mesh=mesh, dims=spec.fixed_dims(shape), dtype=dtype)
+        dims = claims.adapt(
+            family, impl, platform=platform, mesh=mesh, dims=spec.fixed_dims(shape), dtype=dtype
+        )
         if shape != "odd":
-            odd = claims.adapt(family, impl, platform=platform, mesh=mesh, dims=spec.fixed_dims("odd"), dtype=dtype)
+            odd = claims.adapt(
+                family, impl, platform=platform, mesh=mesh, dims=spec.fixed_dims("odd"), dtype=dtype
+            )
             if odd == dims:
                 test.skipTest(f"{impl}: both fixed shapes come to the same dims ({dims})")
     except claims.NotClaimed as why:

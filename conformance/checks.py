@@ -23,8 +23,7 @@ import jaxlib
 import numpy as np
 
 import conformance
-from conformance import fixtures
-from conformance import compat, hlo, mosaic, pallas_protocol, runner
+from conformance import compat, fixtures, hlo, mosaic, pallas_protocol, runner
 from conformance.runner import Case
 
 
@@ -305,7 +304,13 @@ def check_dtype(case: Case) -> None:
     inputs64, out = _run(case, "dtype")
     _assert_dtype(case, "dtype", out)
     spec = case.spec
-    _compare_shards(case, "dtype", out, spec.expected(inputs64, axis_size=case.mesh.axis_size), spec.tolerance(*inputs64, case.dtype))
+    _compare_shards(
+        case,
+        "dtype",
+        out,
+        spec.expected(inputs64, axis_size=case.mesh.axis_size),
+        spec.tolerance(*inputs64, case.dtype),
+    )
 
 
 def check_determinism(case: Case) -> None:
@@ -651,7 +656,13 @@ def check_races(case: Case) -> None:
             "to stderr above",
         ])  # fmt: skip
     spec = case.spec
-    _compare_shards(case, "races", out, spec.expected(inputs64, axis_size=case.mesh.axis_size), spec.tolerance(*inputs64, case.dtype))
+    _compare_shards(
+        case,
+        "races",
+        out,
+        spec.expected(inputs64, axis_size=case.mesh.axis_size),
+        spec.tolerance(*inputs64, case.dtype),
+    )
 
 
 def _replicated_call(case: Case, shapes: Sequence[tuple[int, ...]], axis_name: str) -> object:

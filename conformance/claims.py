@@ -91,7 +91,13 @@ def adapt(
 
 
 def claimed_dtypes(
-    family: str, impl: str, *, platform: str, mesh: MeshConfig, dims: Mapping[str, int], dtypes: tuple[str, ...]
+    family: str,
+    impl: str,
+    *,
+    platform: str,
+    mesh: MeshConfig,
+    dims: Mapping[str, int],
+    dtypes: tuple[str, ...],
 ) -> tuple[str, ...]:
     """Those of ``dtypes`` for which some dims near ``dims`` are claimed on this mesh and platform."""
     out = []

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance import checks, claims, compat, isolation, registry, results, runner, specs, strategies
-from conformance.runner import Case
 from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
+from conformance.runner import Case
 
 #: TPU layout: the tiling depends on shard shapes, not on the mesh; one ring of 4 shows it.
 TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
@@ -131,7 +131,9 @@ def canonical_case(
 
     dims = dims_of(shape)
     if shape != "odd" and dims == dims_of("odd"):
-        pytest.skip(f"{impl}: on {platform} both fixed shapes come to the same dims ({dims}); [odd] runs them")
+        pytest.skip(
+            f"{impl}: on {platform} both fixed shapes come to the same dims ({dims}); [odd] runs them"
+        )
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
 
 
@@ -237,10 +239,14 @@ def test_tpu_layout(family: str, implementation: str, dtype: str) -> None:
     limited = []
     shapes, not_claimed = [], []
     for dims in strategies.tpu_layout_dims(family):
-        why = claims.reason(family, implementation, platform="tpu", mesh=TPU_LAYOUT_MESH, dims=dims, dtype=dtype)
+        why = claims.reason(
+            family, implementation, platform="tpu", mesh=TPU_LAYOUT_MESH, dims=dims, dtype=dtype
+        )
         (shapes if why is None else not_claimed).append(dims if why is None else why)
     if not shapes:
-        raise claims.NotClaimed(implementation, f"none of the {len(not_claimed)} TPU layout shapes: {not_claimed[0]}")
+        raise claims.NotClaimed(
+            implementation, f"none of the {len(not_claimed)} TPU layout shapes: {not_claimed[0]}"
+        )
     for dims in shapes:
         try:
             checks.check_tpu_layout(Case.make(family, implementation, TPU_LAYOUT_MESH, dims, dtype))

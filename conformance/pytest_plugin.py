@@ -119,7 +119,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--conformance-json", default=None, metavar="PATH",
                     help="write every outcome and table of the run as JSON")  # fmt: skip
     group.addoption("--conformance-html", default=None, metavar="PATH",
-                    help="write the run's matrix, failures and tables as one self-contained HTML file")  # fmt: skip
+                    help="write the matrix, failures and tables as one self-contained HTML page")  # fmt: skip
     group.addoption("--require-backend", choices=devices_lib.PLATFORMS, default=None, metavar="PLATFORM",
                     help="fail, instead of skipping, when this host has no PLATFORM backend")  # fmt: skip
 
@@ -180,8 +180,11 @@ def _mesh_configs_for(metafunc: pytest.Metafunc) -> tuple[meshes.MeshConfig, ...
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "conformance_mesh_config" in metafunc.fixturenames:
         configs = _mesh_configs_for(metafunc)
-        metafunc.parametrize("conformance_mesh_config", [pytest.param(c, marks=pytest.mark.cpu) for c in configs],
-                             ids=[c.label for c in configs])  # fmt: skip  (the meshes are CPU meshes)
+        metafunc.parametrize(
+            "conformance_mesh_config",
+            [pytest.param(c, marks=pytest.mark.cpu) for c in configs],
+            ids=[c.label for c in configs],
+        )  # fmt: skip  (the meshes are CPU meshes)
     if not hasattr(metafunc.module, "FAMILY"):
         return  # only family test modules take the suite's parameters
     names = metafunc.fixturenames
@@ -311,9 +314,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         globs = [g.strip() for g in pattern.split(",") if g.strip()]
         for item in items:
             names = getattr(getattr(item, "module", None), "IMPLEMENTATIONS", None)
-            if names is not None and not any(fnmatch.fnmatchcase(n, g) for n in names for g in globs):
-                if item not in empty:
-                    empty.append(item)
+            runs_none = names is not None and not any(fnmatch.fnmatchcase(n, g) for n in names for g in globs)
+            if runs_none and item not in empty:
+                empty.append(item)
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
@@ -386,7 +389,11 @@ def _conformance_failure(error: BaseException | None):
 
 
 def _skip_reason(rep: pytest.TestReport) -> str:
-    text = str(rep.longrepr[2]) if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else str(rep.longrepr or "")
+    text = (
+        str(rep.longrepr[2])
+        if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3
+        else str(rep.longrepr or "")
+    )
     # pytest prefixes "Skipped: " (or the class of a skip subclass, e.g. claims.NotClaimed)
     return re.sub(r"^(Skipped|[\w.]*NotClaimed): ", "", text)
 
@@ -586,14 +593,21 @@ def tables() -> list[results.Table]:
 
     made = [
         _byte_table("forward: bytes received per device / lower bound (compiled HLO)", BYTE_RECORDS),
-        _byte_table("backward (VJP): bytes received per device / the math's bound (compiled HLO)",
-                    BACKWARD_BYTE_RECORDS),  # fmt: skip
-        _byte_table("16-bit: bytes received per device / bound (modules lowered for each target)",
-                    LOWERED_BYTE_RECORDS),  # fmt: skip
-        _accuracy_table("accuracy: rms error vs float64, implementation / baseline (same inputs)",
-                        ACCURACY_RECORDS),  # fmt: skip
-        _accuracy_table("backward accuracy: each gradient's rms error vs float64, implementation / baseline",
-                        BACKWARD_ACCURACY_RECORDS),  # fmt: skip
+        _byte_table(
+            "backward (VJP): bytes received per device / the math's bound (compiled HLO)",
+            BACKWARD_BYTE_RECORDS,
+        ),
+        _byte_table(
+            "16-bit: bytes received per device / bound (modules lowered for each target)",
+            LOWERED_BYTE_RECORDS,
+        ),
+        _accuracy_table(
+            "accuracy: rms error vs float64, implementation / baseline (same inputs)", ACCURACY_RECORDS
+        ),
+        _accuracy_table(
+            "backward accuracy: each gradient's rms error vs float64, implementation / baseline",
+            BACKWARD_ACCURACY_RECORDS,
+        ),
         _overlap_table(OVERLAP_RECORDS),
     ]
     made += [results.Table(title, lines, [r for r in bench.RECORDS if r.family in title])
@@ -610,8 +624,9 @@ def _missing_backends(config: pytest.Config) -> list[str]:
             continue
         ran = [o for o in outcomes() if o.platform == platform and o.outcome in ("passed", "failed")]
         skipped = sum(o.platform == platform and o.outcome == "skipped" for o in outcomes())
-        lines.append(f"no {platform} backend on this host ({devices_lib.describe_host()}): {skipped} {platform} "
-                     f"tests skipped, {len(ran)} ran; --require-backend={platform} makes this a failure")  # fmt: skip
+        host = devices_lib.describe_host()
+        lines.append(f"no {platform} backend on this host ({host}): {skipped} {platform} tests skipped, "
+                     f"{len(ran)} ran; --require-backend={platform} makes this a failure")  # fmt: skip
     return lines
 
 

@@ -147,7 +147,9 @@ def _jsonable(record: Any) -> Any:
         out = {}
         for f in dataclasses.fields(record):
             value = getattr(record, f.name)
-            out[f.name] = value if isinstance(value, (str, int, float, bool, type(None))) else _jsonable(value)
+            out[f.name] = (
+                value if isinstance(value, (str, int, float, bool, type(None))) else _jsonable(value)
+            )
         return out
     if isinstance(record, (list, tuple)):
         return [_jsonable(v) for v in record]
@@ -250,7 +252,9 @@ def to_html(document: dict[str, Any]) -> str:
         f"{esc(document['platform']['host'])}; started {esc(document['started'])}, "
         f"{document['duration_s']:.1f} s</p>",
         '<p class="counts" id="counts">'
-        + "".join(f'<span data-outcome="{k}">{esc(k.replace("_", " "))}: {n}</span>' for k, n in counts.items())
+        + "".join(
+            f'<span data-outcome="{k}">{esc(k.replace("_", " "))}: {n}</span>' for k, n in counts.items()
+        )
         + "</p>",
         '<h2 id="matrix">Implementations x checks</h2>',
         '<p class="legend">Each cell: the verdict, then counts of tests (P passed, F failed, x xfailed, '
@@ -298,7 +302,7 @@ def to_html(document: dict[str, Any]) -> str:
         out.append(f'<h2 id="not-claimed">Not claimed ({len(not_claimed)})</h2><ul>')
         out += [f"<li>{n} x {esc(r)}</li>" for r, n in reasons.most_common()]
         out.append("</ul>")
-    out.append(f"<p class=\"legend\">command: <code>{esc(' '.join(document['command']))}</code></p>")
+    out.append(f'<p class="legend">command: <code>{esc(" ".join(document["command"]))}</code></p>')
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 

@@ -28,8 +28,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from conformance import compat, mosaic, registry, specs, tolerances
-from conformance.specs.base import FamilySpec
 from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
+from conformance.specs.base import FamilySpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,9 +13,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from conformance import claims, registry, specs
-from conformance.runner import DMA_MODES, Case
 from conformance.fixtures.devices import devices_of
 from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig
+from conformance.runner import DMA_MODES, Case
 
 #: The hypothesis settings the suite's own tests run under (the plugin sets it from
 #: ``--hypothesis-profile``, default ``conformance-ci``); the session's default profile,
@@ -96,9 +96,13 @@ def draw_case(
     dtypes = dtypes or spec.dtypes
     canonical = tpu_native(family, impl, platform, dict(spec.canonical_dims))
     if claims.declares_anything(family, impl):  # draw only what the kernel claims (conformance.claims)
-        claimed = claims.claimed_dtypes(family, impl, platform=platform, mesh=mesh, dims=canonical, dtypes=dtypes)
+        claimed = claims.claimed_dtypes(
+            family, impl, platform=platform, mesh=mesh, dims=canonical, dtypes=dtypes
+        )
         if not claimed:
-            claims.adapt(family, impl, platform=platform, mesh=mesh, dims=canonical, dtype=dtypes[0])  # raises
+            claims.adapt(
+                family, impl, platform=platform, mesh=mesh, dims=canonical, dtype=dtypes[0]
+            )  # raises
         dtypes = claimed
     dtype = data.draw(st.sampled_from(dtypes), label="dtype")
     drawn = tpu_native(family, impl, platform, data.draw(dims(family), label="dims"))

@@ -26,8 +26,8 @@ import jax
 import pytest
 
 from conformance import bench, compat, registry, runner, specs
-from conformance.runner import Case
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
+from conformance.runner import Case
 
 pytestmark = pytest.mark.benchmark
 

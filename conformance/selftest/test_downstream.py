@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import sysconfig
 import venv
 from pathlib import Path
@@ -28,8 +27,10 @@ REPO = Path(conformance.__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "downstream"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: The flags this machine's closed network needs (no background connections).
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync")  # fmt: skip
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+)  # fmt: skip
 
 
 def _copy_tree(src: Path, dst: Path) -> Path:
@@ -77,7 +78,9 @@ def test_install_claims_no_generic_import_names(installed: dict[str, Path]) -> N
     # The project's own ``kernels`` package is the one that imports.
     done = _run(installed, "-c", "import kernels.collectives, conformance.kernels as k; print(k.__file__)")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(installed["site"] / "conformance" / "kernels" / "__init__.py"), done.stdout
+    assert done.stdout.strip() == str(installed["site"] / "conformance" / "kernels" / "__init__.py"), (
+        done.stdout
+    )
 
 
 def test_own_tests_see_one_cpu_device(installed: dict[str, Path]) -> None:
@@ -117,13 +120,19 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     assert document["schema"] == "conformance-results/1"
     assert set(document["versions"]) >= {"python", "jax", "jaxlib"}
     outcomes = document["outcomes"]
-    assert {o["impl"] for o in outcomes} == {"downstream_ring_all_gather", "downstream_tiled_allgather_matmul"}
+    assert {o["impl"] for o in outcomes} == {
+        "downstream_ring_all_gather",
+        "downstream_tiled_allgather_matmul",
+    }
     by = {o["id"]: o for o in outcomes}
     # the declared dtypes: int32 is not claimed by the all-gather, with its reason
     int32 = by["all_gather/downstream_ring_all_gather/dtype/2-x-auto/cpu/int32/odd"]
     assert int32["outcome"] == "not_claimed" and "claims float32, bfloat16" in int32["message"], int32
     # the shape predicate: 2-D meshes not claimed; 1-D meshes run at 8 rows per shard
-    assert by["allgather_matmul/downstream_tiled_allgather_matmul/values/2x4-y-auto/cpu"]["outcome"] == "not_claimed"
+    assert (
+        by["allgather_matmul/downstream_tiled_allgather_matmul/values/2x4-y-auto/cpu"]["outcome"]
+        == "not_claimed"
+    )
     values = by["allgather_matmul/downstream_tiled_allgather_matmul/values/4-x-auto/cpu"]
     assert values["outcome"] == "passed" and "rows_per_shard=8" in values["case"], values
     sharding = by["allgather_matmul/downstream_tiled_allgather_matmul/output_sharding/8-x-auto/cpu/odd"]

@@ -22,7 +22,7 @@ from conformance.fixtures.meshes import parse_mesh
 
 pytestmark = pytest.mark.selftest
 
-KERNELS = '''
+KERNELS = """
 import jax
 from jax.sharding import PartitionSpec as P
 
@@ -36,7 +36,7 @@ def opt_gather(x, *, mesh, axis_name):
         raise ValueError(f"{x.shape[0]} rows do not divide by the axis size {mesh.shape[axis_name]}")
     return jax.shard_map(lambda b: compat.all_gather_invariant(b, axis_name, axis=0, tiled=True),
                          mesh=mesh, in_specs=P(axis_name), out_specs=P())(x)
-'''
+"""
 
 
 def _pytest(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.CompletedProcess:
@@ -60,7 +60,7 @@ def scratch_registry():
 
 
 def test_register_rejects_declarations_it_cannot_honour(scratch_registry) -> None:
-    fn = lambda x, *, mesh, axis_name: x  # noqa: E731
+    fn = lambda x, *, mesh, axis_name: x
     with pytest.raises(ValueError, match=r"dtypes \['float64'\] are not dtypes of 'all_gather'"):
         registry.register("all_gather", name="bad_decl", dtypes=("float64",))(fn)
     with pytest.raises(TypeError, match="non-empty tuple"):
@@ -72,10 +72,10 @@ def test_register_rejects_declarations_it_cannot_honour(scratch_registry) -> Non
 
 
 def test_shapes_move_to_the_nearest_claimed_ones(scratch_registry) -> None:
-    fn = lambda x, *, mesh, axis_name: x  # noqa: E731
+    fn = lambda x, *, mesh, axis_name: x
     registry.register("all_gather", name="claims_rows_of_8",
                       supports=registry.multiples_of(rows_per_shard=8))(fn)  # fmt: skip
-    one_axis = lambda *, dims, dtype, axis_size, mesh_shape: None if len(mesh_shape) == 1 else "1-D only"  # noqa: E731
+    one_axis = lambda *, dims, dtype, axis_size, mesh_shape: None if len(mesh_shape) == 1 else "1-D only"
     registry.register("all_gather", name="claims_one_axis", supports=one_axis)(fn)
     mesh, mesh2 = parse_mesh("4-x-auto"), parse_mesh("2x4-y-auto")
     at = dict(platform="cpu", dtype="float32")
@@ -87,7 +87,9 @@ def test_shapes_move_to_the_nearest_claimed_ones(scratch_registry) -> None:
                         **at) == {"rows_per_shard": 3, "cols": 1}  # fmt: skip
     with pytest.raises(claims.NotClaimed, match="1-D only"):
         claims.adapt("all_gather", "claims_one_axis", mesh=mesh2, dims={"rows_per_shard": 3, "cols": 1}, **at)
-    why = claims.reason("all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 1}, **at)
+    why = claims.reason(
+        "all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 1}, **at
+    )
     assert why == "rows_per_shard=3 is not a multiple of 8", why
 
 
@@ -98,8 +100,8 @@ def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) 
         "all_gather/opt_gather/no_such_check/*\n"
     )  # fmt: skip
     (tmp_path / "skips.txt").write_text("all_gather/opt_gather/determinism/4-x-auto/*\n")
-    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-k", "test_determinism or test_dtype",
-                   "--xfails-file=xfails.txt", "--skips-file=skips.txt", "--conformance-json=out.json")  # fmt: skip
+    files = ("--xfails-file=xfails.txt", "--skips-file=skips.txt", "--conformance-json=out.json")
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-k", "test_determinism or test_dtype", *files)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     assert "xfails.txt:3: all_gather/opt_gather/no_such_check/*  (xfail)" in done.stdout, done.stdout[-3000:]
     document = json.loads((tmp_path / "out.json").read_text())
@@ -124,8 +126,12 @@ def test_impl_filters_the_suites_fixed_tests(tmp_path: Path) -> None:
 def test_a_platform_without_backend_says_so_and_can_be_required(tmp_path: Path) -> None:
     done = _pytest(tmp_path, "-m", "tpu", "--impl=opt_gather", "-k", "test_determinism")
     assert done.returncode == 0, done.stdout[-3000:]
-    assert "no tpu backend on this host" in done.stdout and "--require-backend=tpu" in done.stdout, done.stdout
-    done = _pytest(tmp_path, "-m", "tpu", "--impl=opt_gather", "-k", "test_determinism", "--require-backend=tpu")
+    assert "no tpu backend on this host" in done.stdout and "--require-backend=tpu" in done.stdout, (
+        done.stdout
+    )
+    done = _pytest(
+        tmp_path, "-m", "tpu", "--impl=opt_gather", "-k", "test_determinism", "--require-backend=tpu"
+    )
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
     assert "--require-backend=tpu: this host has no tpu backend" in done.stderr, done.stderr[-3000:]
 
@@ -134,7 +140,9 @@ def test_a_backend_started_during_collection_is_named_with_the_rule(tmp_path: Pa
     early = KERNELS + "\nimport jax.numpy as jnp\nSTARTED_AT_IMPORT = jnp.zeros(1)\n"
     done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-k", "test_determinism", kernels=early)
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "had already started with 1 device" in done.stderr and "The rule" in done.stderr, done.stderr[-3000:]
+    assert "had already started with 1 device" in done.stderr and "The rule" in done.stderr, done.stderr[
+        -3000:
+    ]
 
 
 def test_replay_of_an_unregistered_implementation_is_not_a_kernel_failure(tmp_path: Path) -> None:
@@ -173,5 +181,7 @@ def test_absltest_entry_passes_a_correct_kernel_and_fails_a_broken_one(tmp_path:
     assert done.returncode == 1, done.stdout + done.stderr[-4000:]
     assert "Ran 8 tests" in done.stderr and "FAILED (failures=2)" in done.stderr, done.stderr[-4000:]
     failed = [line for line in done.stderr.splitlines() if line.startswith("FAIL: ")]
-    assert len(failed) == 2 and all("broken_ring_wrong_slot" in line and "test_values" in line for line in failed)
+    assert len(failed) == 2 and all(
+        "broken_ring_wrong_slot" in line and "test_values" in line for line in failed
+    )
     assert "first wrong shard" in done.stderr and "python -m conformance replay values" in done.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.fixtures.meshes import MESH_CONFIGS
 from conformance.selftest import (
     broken_kernels,
     broken_matmul_reduce_scatter_kernels,
@@ -27,7 +28,6 @@ from conformance.selftest import (
     other_style_kernels,
 )
 from conformance.selftest.other_style_kernels import HOST_LIMIT
-from conformance.fixtures.meshes import MESH_CONFIGS
 
 pytestmark = pytest.mark.selftest
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from conformance import report
-from conformance.runner import Case
 from conformance.fixtures.meshes import MESH_CONFIGS, parse_mesh
+from conformance.runner import Case
 
 pytestmark = pytest.mark.selftest
 

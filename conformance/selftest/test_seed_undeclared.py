@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from conformance import checks, seed_cases
-from conformance.test_seed_backward_allreduce import SEED_MESHES, seed_arguments
 from conformance.fixtures.meshes import build_mesh, parse_mesh
+from conformance.test_seed_backward_allreduce import SEED_MESHES, seed_arguments
 
 pytestmark = pytest.mark.selftest
 

@@ -26,7 +26,9 @@ def add_family(spec: FamilySpec) -> FamilySpec:
     if existing is not None and existing is not spec:
         origin = getattr(existing.reference, "__module__", None)
         if origin != getattr(spec.reference, "__module__", None) or existing.name in _BUILTIN:
-            raise ValueError(f"a family named {spec.name!r} is already known (from {origin}); pick another name")
+            raise ValueError(
+                f"a family named {spec.name!r} is already known (from {origin}); pick another name"
+            )
     FAMILIES[spec.name] = spec
     return spec
 

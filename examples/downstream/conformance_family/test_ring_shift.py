@@ -19,8 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance import checks, specs, tolerances
-from conformance.runner import Case
 from conformance.family_tests import *  # noqa: F403  (the standard checks, parametrized per FAMILY)
+from conformance.runner import Case
 
 
 def _shape(d, n):
@@ -59,7 +59,9 @@ RING_SHIFT = specs.add_family(
 FAMILY = RING_SHIFT.name
 
 
-@conformance.register("ring_shift", name="downstream_ring_shift", description="one ppermute to the next device")
+@conformance.register(
+    "ring_shift", name="downstream_ring_shift", description="one ppermute to the next device"
+)
 def downstream_ring_shift(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
     n = mesh.shape[axis_name]
     if x.shape[0] % n:
