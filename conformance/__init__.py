@@ -9,14 +9,26 @@ Public interface::
 
     conformance.implementations("allgather_matmul")  # {name: callable}
 
-Run the checks with ``pytest conformance --kernels=MODULE[,MODULE...]`` and
-restrict them with ``--impl=GLOB``. A Pallas kernel compiled for a TPU raises
+    # what it supports: checked on exactly that, the rest reported "not claimed"
+    @conformance.register("all_gather", name="my_gather", dtypes=("float32", "bfloat16"),
+                          supports=conformance.multiples_of(rows_per_shard=8))
+
+Run the checks with ``pytest --pyargs conformance -m cpu --kernels=MODULE[,MODULE...]``
+(installed, the pytest plugin loads through its entry point) and restrict them with
+``--impl=GLOB``. A Pallas kernel compiled for a TPU raises
 ``conformance.TpuConstraintError`` for a shape a TPU's compiler would refuse.
 Importing this package starts no JAX backend.
 """
 
 from conformance.mosaic import TpuConstraintError
-from conformance.registry import Implementation, implementations, register, registered
+from conformance.registry import Implementation, implementations, multiples_of, register, registered
 
-__all__ = ["Implementation", "TpuConstraintError", "implementations", "register", "registered"]
+__all__ = [
+    "Implementation",
+    "TpuConstraintError",
+    "implementations",
+    "multiples_of",
+    "register",
+    "registered",
+]
 __version__ = "0.1.0"

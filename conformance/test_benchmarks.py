@@ -25,7 +25,7 @@ import math
 import jax
 import pytest
 
-from conformance import bench, compat, registry, runner, specs
+from conformance import bench, claims, compat, registry, runner, specs
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
 from conformance.runner import Case
 
@@ -47,7 +47,14 @@ def test_benchmark(
     benchmark, family: str, implementation: str, mesh_config: MeshConfig, shard_bytes: int, request
 ) -> None:
     platform = bench.preferred_platform()
-    dims = bench.dims_for(family, shard_bytes)
+    dims = claims.adapt(
+        family,
+        implementation,
+        platform=platform,
+        mesh=mesh_config,
+        dtype="float32",
+        dims=bench.dims_for(family, shard_bytes),
+    )  # fmt: skip  (what the kernel claims)
     record = registry.get(family, implementation)
     dma_mode = "on_wait" if platform == "cpu" and record.pallas else None
     case = Case.make(

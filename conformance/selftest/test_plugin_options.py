@@ -100,7 +100,8 @@ def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) 
         "all_gather/opt_gather/no_such_check/*\n"
     )  # fmt: skip
     (tmp_path / "skips.txt").write_text("all_gather/opt_gather/determinism/4-x-auto/*\n")
-    files = ("--xfails-file=xfails.txt", "--skips-file=skips.txt", "--conformance-json=out.json")
+    files = ("--xfails-file=xfails.txt", "--skips-file=skips.txt", "--conformance-json=out.json",
+             "--junitxml=junit.xml")  # fmt: skip
     done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-k", "test_determinism or test_dtype", *files)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     assert "xfails.txt:3: all_gather/opt_gather/no_such_check/*  (xfail)" in done.stdout, done.stdout[-3000:]
@@ -114,6 +115,10 @@ def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) 
         {"file": "xfails.txt", "line": 3, "pattern": "all_gather/opt_gather/no_such_check/*", "kind": "xfail"}
     ]
     assert document["counts"]["xpassed"] == 1 and document["counts"]["failed"] == 0, document["counts"]
+    junit = (tmp_path / "junit.xml").read_text()  # ids, cases and replay lines reach JUnit; tables too
+    assert 'name="conformance_id" value="all_gather/opt_gather/dtype/2-x-auto/cpu/int32/odd"' in junit
+    assert 'name="replay" value="python -m conformance replay dtype all_gather opt_gather' in junit
+    assert 'name="conformance: forward: bytes received per device' in junit
 
 
 def test_impl_filters_the_suites_fixed_tests(tmp_path: Path) -> None:
