@@ -225,13 +225,14 @@ body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0}
 th,td{border:1px solid #ccc;padding:.25em .5em;text-align:center;white-space:nowrap}
+th{white-space:normal;vertical-align:bottom}
 th.impl,td.impl{text-align:left}
 td.ok{background:#dff3df}td.FAIL{background:#f6c8c8;font-weight:bold}
 td.not-claimed{background:#eee;color:#666}td.xfail{background:#e8e1f7}td.skipped{background:#fbf3d5}
 td.none{color:#bbb}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px}
 details{margin:.4em 0}summary{cursor:pointer}
-.counts span{margin-right:1em}.legend{color:#555;font-size:12px}
+.counts span{margin-right:1em}td.impl small{color:#666}.legend{color:#555;font-size:12px}
 """
 
 
@@ -260,7 +261,7 @@ def to_html(document: dict[str, Any]) -> str:
         '<p class="legend">Each cell: the verdict, then counts of tests (P passed, F failed, x xfailed, '
         "X xpassed, n not claimed, s skipped).</p>",
         '<table id="matrix-table"><thead><tr><th class="impl">implementation</th>'
-        + "".join(f"<th>{esc(c)}</th>" for c in checks)
+        + "".join(f"<th>{esc(c).replace('_', '_<wbr>')}</th>" for c in checks)
         + "</tr></thead><tbody>",
     ]
     for impl, row in document["matrix"].items():
@@ -275,7 +276,9 @@ def to_html(document: dict[str, Any]) -> str:
                 f'<td class="{verdict.replace(" ", "-")}" title="{esc(_cell(counts_here))}">'
                 f"{esc(verdict)}<br><small>{esc(_cell(counts_here))}</small></td>"
             )
-        out.append(f'<tr><td class="impl">{esc(impl)}</td>{"".join(cells)}</tr>')
+        family, _, name = impl.partition("/")
+        label = f"<small>{esc(family)}</small><br>{esc(name)}"
+        out.append(f'<tr><td class="impl" title="{esc(impl)}">{label}</td>{"".join(cells)}</tr>')
     out.append("</tbody></table>")
     failures = [o for o in outcomes if o["outcome"] in ("failed", "xpassed")]
     out.append(f'<h2 id="failures">Failures ({len(failures)})</h2>')
