@@ -87,16 +87,16 @@ def _run_one(test, family, impl, check_name, mesh, shape, dtype, platform) -> No
             f"needs {mesh.num_devices} {platform} devices, found {len(devices_lib.devices_of(platform))}"
         )
     record, spec = registry.get(family, impl), specs.get(family)
+    at = dict(platform=platform, mesh=mesh, dtype=dtype)
     try:
-        dims = claims.adapt(
-            family, impl, platform=platform, mesh=mesh, dims=spec.fixed_dims(shape), dtype=dtype
+        odd = claims.adapt(family, impl, dims=spec.fixed_dims("odd"), **at)
+        dims = (
+            odd
+            if shape == "odd"
+            else claims.adapt(family, impl, dims=spec.fixed_dims(shape), avoid=odd, **at)
         )
-        if shape != "odd":
-            odd = claims.adapt(
-                family, impl, platform=platform, mesh=mesh, dims=spec.fixed_dims("odd"), dtype=dtype
-            )
-            if odd == dims:
-                test.skipTest(f"{impl}: both fixed shapes come to the same dims ({dims})")
+        if shape != "odd" and odd == dims:
+            test.skipTest(f"{impl}: both fixed shapes come to the same dims ({dims})")
     except claims.NotClaimed as why:
         test.skipTest(str(why.msg))
     dma_mode = "on_wait" if platform == "cpu" and record.pallas else None

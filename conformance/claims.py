@@ -6,7 +6,8 @@ A kernel registered with ``dtypes=``, ``platforms=`` or ``supports=`` (see
 
 - a drawn dtype comes from the dtypes it claims;
 - drawn and fixed dims it does not claim move to the nearest dims it does: each
-  dim rounded up to a multiple of 1, 2, 4, ... 256, smallest total size first
+  dim rounded up to a multiple of 1, 2, 4, ... 256, fewest dims moved and then
+  smallest total size first
   (a kernel that tiles rows by 8 is checked at 8 rows per shard where the suite's
   fixed shape has 3);
 - a mesh, platform or dtype no dims can satisfy is not claimed, with the
@@ -68,9 +69,17 @@ def _candidates(value: int) -> list[int]:
 
 
 def adapt(
-    family: str, impl: str, *, platform: str, mesh: MeshConfig, dims: Mapping[str, int], dtype: str
+    family: str,
+    impl: str,
+    *,
+    platform: str,
+    mesh: MeshConfig,
+    dims: Mapping[str, int],
+    dtype: str,
+    avoid: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """``dims`` if the kernel claims them, else the smallest rounded-up dims it claims.
+    """``dims`` if the kernel claims them, else the smallest rounded-up dims it claims, other than
+    ``avoid`` where another exists (the even fixed shape avoids the odd one's dims, so both run).
 
     Raises :class:`NotClaimed` (with the reason given for ``dims``) when no such dims exist.
     """
@@ -81,13 +90,25 @@ def adapt(
     names = list(dims)
     options = sorted(
         itertools.product(*(_candidates(dims[n]) for n in names)),
-        key=lambda values: (math.prod(values), values),
+        # fewest dims moved first, then the smallest: a kernel that tiles rows keeps the suite's widths
+        key=lambda values: (
+            sum(v != dims[n] for n, v in zip(names, values, strict=True)),
+            math.prod(values),
+            values,
+        ),
     )
-    for values in options:
-        candidate = dict(zip(names, values, strict=True))
-        if reason(family, impl, platform=platform, mesh=mesh, dims=candidate, dtype=dtype) is None:
-            return candidate
-    raise NotClaimed(impl, why)
+    claimed = (
+        candidate
+        for values in options
+        if reason(family, impl, platform=platform, mesh=mesh,
+                  dims=(candidate := dict(zip(names, values, strict=True))), dtype=dtype) is None
+    )  # fmt: skip
+    first = next(claimed, None)
+    if first is None:
+        raise NotClaimed(impl, why)
+    if avoid is not None and first == dict(avoid):
+        return next(claimed, first)
+    return first
 
 
 def claimed_dtypes(

@@ -85,6 +85,13 @@ def test_shapes_move_to_the_nearest_claimed_ones(scratch_registry) -> None:
                         **at) == {"rows_per_shard": 16, "cols": 1}  # fmt: skip
     assert claims.adapt("all_gather", "xla_all_gather", mesh=mesh, dims={"rows_per_shard": 3, "cols": 1},
                         **at) == {"rows_per_shard": 3, "cols": 1}  # fmt: skip
+    # the even fixed shape (4 rows) avoids the dims the odd one (3 rows) moved to: both run
+    odd = claims.adapt(
+        "all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 128}, **at
+    )
+    even = claims.adapt("all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 4, "cols": 128},
+                        avoid=odd, **at)  # fmt: skip
+    assert even == {"rows_per_shard": 16, "cols": 128}, even
     with pytest.raises(claims.NotClaimed, match="1-D only"):
         claims.adapt("all_gather", "claims_one_axis", mesh=mesh2, dims={"rows_per_shard": 3, "cols": 1}, **at)
     why = claims.reason(
