@@ -2,6 +2,7 @@
 
     python -m conformance replay CHECK FAMILY IMPL CASE [--kernels MODULE] [--platform cpu]
     python -m conformance list [--kernels MODULE]
+    python -m conformance launch --processes N [--devices-per-process K] [--timeout S] -- COMMAND...
 
 Every failure message ends with a ready-made ``replay`` line.
 """
@@ -23,6 +24,11 @@ def _load(modules: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"]:  # its own parser: everything after -- is the command
+        from conformance import launch
+
+        return launch.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
@@ -39,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop the worker process when the check takes longer")  # fmt: skip
     replay.add_argument("--isolation", choices=("process", "off"), default="process",
                         help="check Pallas kernels on CPU in a stoppable worker process")  # fmt: skip
+    sub.add_parser("launch", help="run a command as N local processes of one JAX job (launch --help)")
     listing = sub.add_parser("list", help="list registered implementations per family")
     listing.add_argument("--kernels", action="append", default=[])
     args = parser.parse_args(argv)

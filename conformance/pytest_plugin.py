@@ -56,7 +56,19 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from conformance import bench, claims, compat, isolation, registry, report, results, runner, specs, strategies
+from conformance import (
+    bench,
+    claims,
+    compat,
+    distributed,
+    isolation,
+    registry,
+    report,
+    results,
+    runner,
+    specs,
+    strategies,
+)
 from conformance.fixtures import devices as devices_lib
 from conformance.fixtures import meshes
 from conformance.specs.base import FIXED_SHAPES
@@ -120,6 +132,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write every outcome and table of the run as JSON")  # fmt: skip
     group.addoption("--conformance-html", default=None, metavar="PATH",
                     help="write the matrix, failures and tables as one self-contained HTML page")  # fmt: skip
+    group.addoption("--distributed", action="store_true", default=False,
+                    help="this process is one rank of a multi-process JAX job (mpirun, srun, "
+                         "a TPU pod's --worker=all, conformance launch): join it first")  # fmt: skip
     group.addoption("--require-backend", choices=devices_lib.PLATFORMS, default=None, metavar="PLATFORM",
                     help="fail, instead of skipping, when this host has no PLATFORM backend")  # fmt: skip
 
@@ -131,6 +146,8 @@ def kernel_modules(config: pytest.Config) -> list[str]:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    if config.getoption("distributed") or distributed.launched():
+        distributed.initialize()
     runner.HANG_TIMEOUT_S = config.getoption("hang_timeout")
     isolation.CHECK_TIMEOUT_S = config.getoption("check_timeout")
     isolation.MODE = config.getoption("isolation")
@@ -365,6 +382,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         found = len(devices_lib.devices_of(platform))
         if found < config.num_devices:
             pytest.skip(f"needs {config.num_devices} devices, found {found}")
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    distributed.note_current_test(nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    distributed.note_current_test("")
 
 
 #: Every family test's outcome this run, for the summary of failures by cause.
