@@ -10,12 +10,20 @@ gloo for collectives between CPU processes, then joins the job.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 
 import jax
 
 from conformance import compat
 from conformance.launch import DEVICES_PER_PROCESS, LOG_DIR, NUM_PROCESSES, PROCESS_ID
+
+#: Why a Pallas kernel's checks on CPU skip in a multi-process job.
+PALLAS_INTERPRET = (
+    "not run in a multi-process job: TPU interpret mode runs a kernel's remote DMAs and semaphores "
+    "inside one process, and this mesh spans several; run it single-process"
+)
 
 
 def launched() -> bool:
@@ -46,3 +54,108 @@ def note_current_test(nodeid: str) -> None:
     if log_dir and launched():
         with open(os.path.join(log_dir, f"rank-{os.environ[PROCESS_ID]}.test"), "w") as f:
             f.write(nodeid)
+
+
+#: How long a rank waits for the others' answer before saying which did not answer.
+AGREE_TIMEOUT_S = 600.0
+_test = [""]
+_rounds: dict[str, int] = {}
+
+
+class RankGaveUp(RuntimeError):
+    """Another rank posted its verdict of this test while this one waited for it at an earlier
+    step (it failed before getting there, e.g. its kernel raised while tracing)."""
+
+    def __init__(self, rank: int, verdict: str) -> None:
+        super().__init__(f"rank {rank} stopped before this step of the test; its verdict: {verdict}")
+        self.rank, self.verdict = rank, verdict
+
+
+def _client():
+    from jax._src import distributed as jax_distributed
+
+    return jax_distributed.global_state.client
+
+
+def rank_and_size() -> tuple[int, int]:
+    from jax._src import distributed as jax_distributed
+
+    state = jax_distributed.global_state
+    return state.process_id or 0, state.num_processes or 1
+
+
+def is_multi_process() -> bool:
+    """Whether this process joined a job of more than one process (starts no backend)."""
+    return _client() is not None and rank_and_size()[1] > 1
+
+
+def begin_test(nodeid: str) -> None:
+    """Rounds of :func:`exchange` are numbered per test (the plugin calls this at each test's setup)."""
+    _test[0] = nodeid
+    _rounds.clear()
+
+
+def _try_get(client, key: str) -> str | None:
+    try:
+        return client.key_value_try_get(key)
+    except Exception:  # NOT_FOUND: not posted yet
+        return None
+
+
+def exchange(topic: str, text: str) -> list[str]:
+    """Every rank's ``text`` for this step of the current test, in rank order.
+
+    Every rank calls it at the same steps. Plain text through the job's key-value store
+    (nothing is unpickled). A rank that posts its ``verdict`` of the test while the others
+    wait at an earlier step makes them raise :class:`RankGaveUp` instead of waiting for ever.
+    """
+    if not is_multi_process():
+        return [text]
+    rank, size = rank_and_size()
+    _rounds[topic] = _rounds.get(topic, 0) + 1
+    base = f"conformance/{_test[0]}/{topic}/{_rounds[topic]}"
+    watch = None if topic == "verdict" else f"conformance/{_test[0]}/verdict/{_rounds.get('verdict', 0) + 1}"
+    client = _client()
+    client.key_value_set(f"{base}/{rank}", text)
+    got: dict[int, str] = {rank: text}
+    deadline, pause = time.monotonic() + AGREE_TIMEOUT_S, 0.001
+    while len(got) < size:
+        for r in range(size):
+            if r in got:
+                continue
+            value = _try_get(client, f"{base}/{r}")
+            if value is not None:
+                got[r] = value
+            elif watch is not None and (gave_up := _try_get(client, f"{watch}/{r}")) is not None:
+                raise RankGaveUp(r, gave_up)
+        if len(got) < size:
+            if time.monotonic() > deadline:
+                missing = [r for r in range(size) if r not in got]
+                raise RuntimeError(f"rank {rank}: ranks {missing} gave no {topic!r} answer in "
+                                   f"{AGREE_TIMEOUT_S:g} s in {_test[0] or 'collection'}")  # fmt: skip
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+    return [got[r] for r in range(size)]
+
+
+class ProgramMismatch(RuntimeError):
+    """The ranks traced different programs for the same call."""
+
+
+def agree_on_program(lowered, what: str) -> None:
+    """Every rank must have traced the same program (``lowered``, a ``jax.stages.Lowered``) for ``what``."""
+    if not is_multi_process():
+        return
+    digest = hashlib.sha256(lowered.as_text().encode()).hexdigest()[:16]
+    digests = exchange("program", digest)
+    if len(set(digests)) > 1:
+        rank, _ = rank_and_size()
+        groups: dict[str, list[int]] = {}
+        for r, d in enumerate(digests):
+            groups.setdefault(d, []).append(r)
+        parts = "; ".join(f"ranks {rs} traced program {d}" for d, rs in groups.items())
+        raise ProgramMismatch(
+            f"the ranks traced different programs for {what} ({parts}); every process of a JAX job must "
+            "trace the same program: does the kernel branch on jax.process_index() or other per-process "
+            f"state while tracing? (this is rank {rank})"
+        )

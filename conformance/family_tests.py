@@ -14,11 +14,24 @@ odd half only, and the run's summary says so (see :mod:`conformance.report`).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import checks, claims, compat, isolation, registry, results, runner, specs, strategies
+from conformance import (
+    checks,
+    claims,
+    compat,
+    distributed,
+    isolation,
+    registry,
+    results,
+    runner,
+    specs,
+    strategies,
+)
 from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 from conformance.runner import Case
 
@@ -57,18 +70,48 @@ def run(check, case: Case) -> None:
 
     What this host cannot do (:class:`compat.HostLimit`) is a skip naming why, never a failure.
     """
-    results.note_case(case, check.__name__.removeprefix("check_"))
+    name = check.__name__.removeprefix("check_")
+    results.note_case(case, name)
+    multi = distributed.is_multi_process()
+    if multi and case.implementation.pallas and case.platform == "cpu":
+        pytest.skip(f"{case.impl}: {distributed.PALLAS_INTERPRET}")
+    caught, skipped = None, None
     try:
         isolation.call(check, case)  # a Pallas kernel on CPU: in the worker process
     except checks.ConformanceFailure as failure:
         caught = failure
     except compat.HostLimit as limit:
-        pytest.skip(f"{case.impl}: {limit}")
+        skipped = f"{case.impl}: {limit}"
     except checks.NotJudged as why:
-        pytest.skip(f"{case.impl}: not judged: {why}")
-    else:
-        return
-    raise CheckFailed(caught)  # outside the except: no chained duplicate
+        skipped = f"{case.impl}: not judged: {why}"
+    if multi:  # every rank's verdict, before pytest or hypothesis sees this one's
+        caught, skipped = _agreed_verdict(case, name, caught, skipped)
+    if caught is not None:
+        raise CheckFailed(caught)  # outside the except: no chained duplicate
+    if skipped is not None:
+        pytest.skip(skipped)
+
+
+def _agreed_verdict(case: Case, name: str, caught, skipped):
+    """Agree across the ranks of a job: a failure on any rank fails the check on every rank, naming
+    the rank whose shards showed it; otherwise a skip on any rank skips it everywhere."""
+    mine = {"failed": None, "skipped": skipped}
+    if caught is not None:
+        mine["failed"] = {"message": str(caught), "what": caught.what, "check": caught.check or name}
+    verdicts = [json.loads(v) for v in distributed.exchange("verdict", json.dumps(mine))]
+    size = len(verdicts)
+    failed = [(r, v["failed"]) for r, v in enumerate(verdicts) if v["failed"]]
+    if failed:
+        rank, first = failed[0]
+        if caught is None or rank != distributed.rank_and_size()[0]:
+            caught = checks.ConformanceFailure(f"[rank {rank} of {size}] {first['message']}")
+            caught.case, caught.check, caught.what = case, first["check"], first["what"]
+        ranks = ", ".join(str(r) for r, _ in failed)
+        caught = checks.ConformanceFailure(f"{caught}\n  failed on ranks: {ranks} of {size}")
+        caught.case, caught.check, caught.what = case, first["check"], first["what"]
+        return caught, None
+    skips = [v["skipped"] for v in verdicts if v["skipped"]]
+    return None, (skipped or (skips[0] if skips else None))
 
 
 def only(*predicates: str):

@@ -364,6 +364,27 @@ class _DevicesAfterCollection:
             raise pytest.UsageError(f"--require-backend={required}: this host has no {required} backend "
                                     f"({devices_lib.describe_host()}); nothing would run")  # fmt: skip
         config.stash[_PLATFORMS] = _selected_platforms(ours)
+        if distributed.is_multi_process():
+            _same_tests_on_every_rank([i.nodeid for i in items])
+
+
+def _same_tests_on_every_rank(nodeids: list[str]) -> None:
+    """Stop the job, with the difference, if the ranks collected different tests (else they would
+    wait for each other at different tests until a timeout)."""
+    import hashlib
+
+    digest = f"{len(nodeids)}:{hashlib.sha256(chr(10).join(nodeids).encode()).hexdigest()[:16]}"
+    digests = distributed.exchange("collection", digest)
+    if len(set(digests)) == 1:
+        return
+    lists = [text.split("\n") for text in distributed.exchange("collection-lists", "\n".join(nodeids))]
+    first = next((k for k in range(max(map(len, lists))) if len({tuple(x[k : k + 1]) for x in lists}) > 1), 0)
+    at = "; ".join(
+        f"rank {r}: {x[first] if first < len(x) else '(end)'} ({len(x)} tests)" for r, x in enumerate(lists)
+    )
+    raise pytest.UsageError(f"the ranks of this job collected different tests; the first difference, at test "
+                            f"{first + 1}: {at}. Every rank must run the same command and see the same "
+                            "kernels (--kernels, --impl, -k, -m).")  # fmt: skip
 
 
 _PLATFORMS = pytest.StashKey[set]()
@@ -372,6 +393,7 @@ _PLATFORMS = pytest.StashKey[set]()
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip, with a reason, what this host cannot run: a missing backend or too few devices."""
     results.LAST_CASE.clear()
+    distributed.begin_test(item.nodeid)
     for platform in devices_lib.PLATFORMS:
         if item.get_closest_marker(platform) and not devices_lib.has_platform(platform):
             pytest.skip(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
@@ -434,11 +456,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if not _is_conformance_item(item):
         return
     meta = _meta(item)
-    rep.user_properties.append(("conformance_id", meta["id"]))
+
+    def note(key: str, value: str) -> None:  # on the item too: JUnit reads the teardown report's
+        for props in (item.user_properties, rep.user_properties):
+            props[:] = [(k, v) for k, v in props if k != key] + [(key, value)]
+
+    note("conformance_id", meta["id"])
     noted = results.LAST_CASE.get("case")
     if noted is not None and rep.when == "call":
         case, check = noted
-        rep.user_properties += [("case", case.token), ("replay", case.replay_command(check))]
+        note("case", case.token)
+        note("replay", case.replay_command(check))
     params = getattr(getattr(item, "callspec", None), "params", {})
     if rep.when != "call" or "implementation" not in params or not hasattr(item.module, "FAMILY"):
         return
@@ -449,8 +477,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         failure = _conformance_failure(call.excinfo.value if call.excinfo else None)
         if failure is not None:
             verdict = dataclasses.replace(verdict, check=failure.check, case=failure.case, what=failure.what)
-            rep.user_properties += [("case", failure.case.token),
-                                    ("replay", failure.case.replay_command(failure.check))]  # fmt: skip
+            note("case", failure.case.token)
+            note("replay", failure.case.replay_command(failure.check))
     if not rep.skipped:
         VERDICTS.append(verdict)
 
@@ -657,6 +685,10 @@ def _missing_backends(config: pytest.Config) -> list[str]:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     tr = terminalreporter
+    if distributed.is_multi_process() and distributed.rank_and_size()[0] != 0:
+        rank, size = distributed.rank_and_size()
+        tr.write_line(f"rank {rank} of {size}: the tables, matrix and failure summary are printed by rank 0")
+        return
     for table in tables():
         tr.section(table.title)
         for line in table.lines:
@@ -694,8 +726,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         for table in made:
             xml.add_global_property(f"conformance: {table.title}", "\n".join(table.lines))
     json_path, html_path = config.getoption("conformance_json"), config.getoption("conformance_html")
-    if not (json_path or html_path):
-        return
+    if not (json_path or html_path) or (distributed.is_multi_process() and distributed.rank_and_size()[0]):
+        return  # in a multi-process job rank 0 writes them
     started, t0 = config.stash[_STARTED]
     document = results.to_json(outcomes(), made, started=started, duration_s=time.monotonic() - t0,
                                stale=STALE, command=results.command_line())  # fmt: skip

@@ -186,6 +186,16 @@ def expected_out_sharding(case: Case) -> NamedSharding:
     return NamedSharding(mesh_of(case), case.spec.out_spec(case.mesh.axis_name))
 
 
+def global_value(array: jax.Array) -> np.ndarray:
+    """The whole value of ``array`` on the host; in a multi-process job, gathered from every rank
+    (a collective: every rank must call it, as every rank runs the same checks)."""
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
 def place(case: Case, arrays: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
     return tuple(jax.device_put(a, s) for a, s in zip(arrays, operand_shardings(case), strict=True))
 
@@ -287,7 +297,11 @@ CPU_COMPILER_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 
 
 def compile_lowered(lowered: Any, platform: str) -> Any:
-    """``lowered.compile()``, with :data:`CPU_COMPILER_OPTIONS` on the CPU host."""
+    """``lowered.compile()``, with :data:`CPU_COMPILER_OPTIONS` on the CPU host; in a multi-process
+    job, only once every rank has traced the same program (else each raises, naming the ranks)."""
+    from conformance import distributed
+
+    distributed.agree_on_program(lowered, "this call")
     return lowered.compile(compiler_options=CPU_COMPILER_OPTIONS if platform == "cpu" else None)
 
 

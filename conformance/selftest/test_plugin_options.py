@@ -109,7 +109,15 @@ def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) 
     (tmp_path / "skips.txt").write_text("all_gather/opt_gather/determinism/4-x-auto/*\n")
     files = ("--xfails-file=xfails.txt", "--skips-file=skips.txt", "--conformance-json=out.json",
              "--junitxml=junit.xml")  # fmt: skip
-    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-k", "test_determinism or test_dtype", *files)
+    done = _pytest(
+        tmp_path,
+        "-m",
+        "cpu",
+        "--impl=opt_gather",
+        "-k",
+        "test_determinism or test_dtype or test_collectives",
+        *files,
+    )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     assert "xfails.txt:3: all_gather/opt_gather/no_such_check/*  (xfail)" in done.stdout, done.stdout[-3000:]
     document = json.loads((tmp_path / "out.json").read_text())
