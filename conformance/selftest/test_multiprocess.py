@@ -1,0 +1,90 @@
+"""The suite run as a job of 2 processes x 4 CPU devices (``python -m conformance launch``):
+checks pass across process boundaries, and each multi-process fault of
+``broken_multiprocess_kernels`` ends the job cleanly, naming the rank and the test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.selftest
+
+KERNELS = "conformance.selftest.broken_multiprocess_kernels"
+
+
+def _launch(
+    tmp_path: Path, *pytest_args: str, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess, float]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    logs = str(tmp_path / "logs")
+    command = [sys.executable, "-m", "conformance", "launch", "--processes", "2",
+               "--devices-per-process", "4", "--timeout", str(timeout), "--log-dir", logs, "--",
+               sys.executable, "-m", "pytest", "--pyargs", "conformance", "-m", "cpu", f"--kernels={KERNELS}",
+               "-p", "no:cacheprovider", "-q", *pytest_args]  # fmt: skip
+    start = time.monotonic()
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout + 60, env=env, cwd=tmp_path
+    )
+    return done, time.monotonic() - start
+
+
+def _left_behind() -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if KERNELS in line and " Z" not in line]
+
+
+def test_checks_pass_across_process_boundaries(tmp_path: Path) -> None:
+    """A ring of 8 crossing the boundary twice, 2-D meshes with one axis crossing, and smaller
+    meshes whose devices alternate between the processes; values, sharding, HLO, gradients."""
+    checks = "test_values or test_output_sharding or test_collectives or test_gradients"
+    done, _ = _launch(tmp_path, "--impl=ring_allgather_matmul_bidirectional", "-k", checks, timeout=400)
+    assert done.returncode == 0, done.stdout[-5000:]
+    assert "all 2 ranks exited 0" in done.stdout
+    rank1 = (tmp_path / "logs" / "rank-1.log").read_text()
+    assert "the tables, matrix and failure summary are printed by rank 0" in rank1, rank1[-2000:]
+    assert "conformance matrix" not in rank1 and "conformance matrix" in done.stdout
+
+
+def test_a_kernel_that_traces_per_rank_fails_on_every_rank(tmp_path: Path) -> None:
+    done, _ = _launch(tmp_path, "--impl=broken_mp_traces_per_rank", "-k", "test_values and 4-x-auto")
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert (
+        "rank 0 of 2 ended with exit status 1" in done.stdout
+        or "rank 1 of 2 ended with exit status 1" in done.stdout
+    )
+    assert "the ranks traced different programs" in done.stdout and "jax.process_index()" in done.stdout
+    assert "failed on ranks: 0, 1 of 2" in done.stdout, done.stdout[-5000:]
+    assert not _left_behind()
+
+
+def test_a_rank_that_dies_in_a_kernel_ends_the_job(tmp_path: Path) -> None:
+    done, took = _launch(tmp_path, "--impl=broken_mp_dies_in_kernel", "-k", "test_values and 4-x-auto")
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert "rank 1 of 2 ended with exit status 17 in test_allgather_matmul.py::test_values[" in done.stdout
+    assert took < 60, took
+    assert not _left_behind()
+
+
+def test_a_rank_that_hangs_in_a_collective_is_stopped_naming_the_test(tmp_path: Path) -> None:
+    done, took = _launch(
+        tmp_path, "--impl=broken_mp_hangs_in_kernel", "-k", "test_values and 4-x-auto", timeout=20
+    )
+    assert done.returncode == 124, done.stdout[-5000:]
+    assert "ran past --timeout 20 s" in done.stdout
+    assert "in test_allgather_matmul.py::test_values[broken_mp_hangs_in_kernel-" in done.stdout
+    assert took < 40, took
+    assert not _left_behind()
+
+
+def test_a_kernel_reading_other_ranks_data_fails_naming_the_call(tmp_path: Path) -> None:
+    done, _ = _launch(tmp_path, "--impl=broken_mp_reads_nonaddressable", "-k", "test_values and 4-x-auto")
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert "broken_multiprocess_kernels.py" in done.stdout and "np.asarray(lhs)" in done.stdout, done.stdout[
+        -4000:
+    ]
+    assert not _left_behind()
