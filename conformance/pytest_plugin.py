@@ -100,6 +100,7 @@ MARKERS = (
     "slow: long-running; excluded from the default cpu run",
     "benchmark: timing runs (pytest-benchmark); excluded unless -m names benchmark",
     "selftest: the suite's own tests (broken kernels it must reject)",
+    "integration: self-tests that install the suite or launch a multi-process job (selftest env)",
     "conformance_meshes(*labels): the meshes a test taking conformance_mesh(_config) runs on",
 )
 

@@ -21,7 +21,7 @@ import pytest
 
 import conformance
 
-pytestmark = pytest.mark.selftest
+pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
 REPO = Path(conformance.__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "downstream"

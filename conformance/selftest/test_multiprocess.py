@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.selftest
+pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
 KERNELS = "conformance.selftest.broken_multiprocess_kernels"
 

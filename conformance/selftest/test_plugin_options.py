@@ -20,7 +20,7 @@ import pytest
 from conformance import claims, registry
 from conformance.fixtures.meshes import parse_mesh
 
-pytestmark = pytest.mark.selftest
+pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
 KERNELS = """
 import jax
