@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from absl.testing import absltest, parameterized
 
 from conformance import checks as checks_module
-from conformance import claims, compat, isolation, registry, runner, specs
+from conformance import claims, compat, isolation, registry, runner, specs, strategies
 from conformance.fixtures import devices as devices_lib
 from conformance.fixtures.meshes import MESH_CONFIGS, build_mesh, parse_mesh
 from conformance.specs.base import FIXED_SHAPES
@@ -86,20 +86,13 @@ def _run_one(test, family, impl, check_name, mesh, shape, dtype, platform) -> No
         test.skipTest(
             f"needs {mesh.num_devices} {platform} devices, found {len(devices_lib.devices_of(platform))}"
         )
-    record, spec = registry.get(family, impl), specs.get(family)
-    at = dict(platform=platform, mesh=mesh, dtype=dtype)
     try:
-        odd = claims.adapt(family, impl, dims=spec.fixed_dims("odd"), **at)
-        dims = (
-            odd
-            if shape == "odd"
-            else claims.adapt(family, impl, dims=spec.fixed_dims(shape), avoid=odd, **at)
-        )
-        if shape != "odd" and odd == dims:
-            test.skipTest(f"{impl}: both fixed shapes come to the same dims ({dims})")
+        dims = strategies.fixed_dims(family, impl, platform, mesh, dtype, shape)
     except claims.NotClaimed as why:
         test.skipTest(str(why.msg))
-    dma_mode = "on_wait" if platform == "cpu" and record.pallas else None
+    if dims is None:
+        test.skipTest(f"{impl}: both fixed shapes come to the same dims; the odd one runs them")
+    dma_mode = "on_wait" if platform == "cpu" and registry.get(family, impl).pallas else None
     case = runner.Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
     build_mesh(mesh, platform)
     try:

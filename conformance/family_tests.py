@@ -164,21 +164,11 @@ def canonical_case(
     A Pallas kernel on CPU runs in the adversarial "on_wait" DMA mode; on TPU chips at the
     family's TPU-native dims, which both fixed shapes then name (the even one is skipped).
     """
-    record, spec = registry.get(family, impl), specs.get(family)
-    if dma_mode is None and platform == "cpu" and record.pallas:
+    if dma_mode is None and platform == "cpu" and registry.get(family, impl).pallas:
         dma_mode = "on_wait"
-
-    def dims_of(which: str, avoid: dict[str, int] | None = None) -> dict[str, int]:
-        dims = strategies.tpu_native(family, impl, platform, spec.fixed_dims(which))
-        # the kernel's declaration may move them (conformance.claims): the even twin to other dims
-        return claims.adapt(family, impl, platform=platform, mesh=mesh, dims=dims, dtype=dtype, avoid=avoid)
-
-    odd = dims_of("odd")
-    dims = odd if shape == "odd" else dims_of(shape, avoid=odd)
-    if shape != "odd" and dims == odd:
-        pytest.skip(
-            f"{impl}: on {platform} both fixed shapes come to the same dims ({dims}); [odd] runs them"
-        )
+    dims = strategies.fixed_dims(family, impl, platform, mesh, dtype, shape)
+    if dims is None:
+        pytest.skip(f"{impl}: on {platform} both fixed shapes come to the same dims; [odd] runs them")
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
 
 

@@ -72,6 +72,26 @@ def tpu_native(family: str, impl: str, platform: str, dims: dict[str, int]) -> d
     return dims
 
 
+def fixed_dims(
+    family: str, impl: str, platform: str, mesh: MeshConfig, dtype: str, shape: str
+) -> dict[str, int] | None:
+    """The dims of a fixed shape (``"odd"`` or its ``"even"`` twin) as ``impl`` runs it: the
+    TPU-native ones for a Pallas kernel on TPU chips, moved to what the kernel claims (the even
+    twin to other dims than the odd one's); ``None`` when the even twin still comes to the odd
+    one's dims. Raises :class:`conformance.claims.NotClaimed`."""
+    spec = specs.get(family)
+
+    def dims_of(which: str, avoid: dict[str, int] | None = None) -> dict[str, int]:
+        dims = tpu_native(family, impl, platform, spec.fixed_dims(which))
+        return claims.adapt(family, impl, platform=platform, mesh=mesh, dims=dims, dtype=dtype, avoid=avoid)
+
+    odd = dims_of("odd")
+    if shape == "odd":
+        return odd
+    dims = dims_of(shape, avoid=odd)
+    return None if dims == odd else dims
+
+
 def family_dtypes(family: str) -> st.SearchStrategy[str]:
     return st.sampled_from(specs.get(family).dtypes)
 
