@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +82,28 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+class _Stopped(Exception):
+    """The launcher itself was sent SIGTERM or SIGHUP (a CI timeout, a closed terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame) -> None:
+    raise _Stopped(signum)
+
+
+def _die_with_launcher() -> None:
+    """In a rank, before it runs: on Linux, be killed when the launcher dies, even by SIGKILL
+    (``PR_SET_PDEATHSIG``), so no rank outlives a launcher nobody could clean up after."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
 def _status(code: int) -> str:
     if code < 0:
         try:
@@ -103,6 +126,10 @@ def launch(command: list[str], *, processes: int, devices_per_process: int, time
     procs: list[subprocess.Popen] = []
     logs = []
     start = time.monotonic()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, _raise_stopped)
     try:
         for rank in range(processes):
             env = {
@@ -118,7 +145,8 @@ def launch(command: list[str], *, processes: int, devices_per_process: int, time
             log = open(log_dir / f"rank-{rank}.log", "wb")  # noqa: SIM115 (closed below)
             logs.append(log)
             procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_die_with_launcher))  # fmt: skip
         shown = 0
         rank0 = log_dir / "rank-0.log"
         while True:
@@ -161,8 +189,14 @@ def launch(command: list[str], *, processes: int, devices_per_process: int, time
         _stop(procs)
         print("\nconformance launch: interrupted; every rank stopped", file=out, flush=True)
         return 130
+    except _Stopped as stopped:
+        _stop(procs)
+        print(f"\nconformance launch: got {stopped}; every rank stopped", file=out, flush=True)
+        return 128 + stopped.signum
     finally:
         _stop(procs)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         for log in logs:
             log.close()
 

@@ -49,8 +49,9 @@ def _launch(
 
 
 def _left_behind(tmp_path: Path) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if str(tmp_path / "job.py") in line]
+    # -ww: full command lines (ps cuts them at 80 columns when its output is not a terminal)
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if str(tmp_path / "job.py") in line and " launch " not in line]
 
 
 def test_a_ring_crosses_the_process_boundary(tmp_path: Path) -> None:
@@ -92,4 +93,31 @@ def test_a_hung_job_is_stopped_by_the_timeout(tmp_path: Path) -> None:
         "ran past --timeout 3 s" in done.stdout and "rank 0 in test_module.py::test_that_hangs" in done.stdout
     )
     assert took < 15, took
+    assert not _left_behind(tmp_path), _left_behind(tmp_path)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_stopped_launcher_leaves_no_rank_behind(tmp_path: Path, how: str) -> None:
+    """A CI timeout's SIGTERM stops every rank; after a SIGKILL, which nothing can catch, each rank
+    dies with its launcher (Linux: PR_SET_PDEATHSIG)."""
+    import signal
+
+    (tmp_path / "job.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "launch", "--processes", "2", "--log-dir", str(tmp_path / "logs"),
+         "--", sys.executable, str(tmp_path / "job.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(_left_behind(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_left_behind(tmp_path)) == 2, "the ranks did not start"
+    launcher.send_signal(getattr(signal, how))
+    out, _ = launcher.communicate(timeout=30)
+    if how == "SIGTERM":
+        assert launcher.returncode == 128 + signal.SIGTERM and "got SIGTERM; every rank stopped" in out, out
+    deadline = time.monotonic() + 10
+    while _left_behind(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not _left_behind(tmp_path), _left_behind(tmp_path)

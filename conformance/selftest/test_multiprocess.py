@@ -34,7 +34,8 @@ def _launch(
 
 
 def _left_behind() -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    # -ww: full command lines (ps cuts them at 80 columns when its output is not a terminal)
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     return [line for line in ps.splitlines() if KERNELS in line and " Z" not in line]
 
 
