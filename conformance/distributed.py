@@ -71,6 +71,11 @@ class RankGaveUp(RuntimeError):
         self.rank, self.verdict = rank, verdict
 
 
+def client():
+    """The ``jax.distributed`` key-value client of this process, or ``None`` outside a job."""
+    return _client()
+
+
 def _client():
     from jax._src import distributed as jax_distributed
 

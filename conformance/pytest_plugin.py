@@ -102,6 +102,8 @@ MARKERS = (
     "selftest: the suite's own tests (broken kernels it must reject)",
     "integration: self-tests that install the suite or launch a multi-process job (selftest env)",
     "conformance_meshes(*labels): the meshes a test taking conformance_mesh(_config) runs on",
+    "pallas_interpret: runs a Pallas TPU kernel under interpret mode on CPU (skipped, with the reason, in a "
+    "multi-process job)",
 )
 
 
@@ -258,11 +260,12 @@ def _meta(item: pytest.Item) -> dict:
     check = getattr(item, "originalname", item.name).removeprefix("test_")
     meta: dict = {"nodeid": item.nodeid}
     if hasattr(module, "FAMILY") and isinstance(params.get("implementation"), str):
-        mesh = params.get("mesh_config")
+        mesh = params.get("mesh_config") or params.get("route")
         meta.update(
             family=module.FAMILY, impl=params["implementation"], check=check,
             mesh=mesh.label if mesh is not None else None, platform=params.get("platform", "cpu"),
-            dtype=params.get("dtype"), shape=params.get("shape"), dma_mode=params.get("dma_mode"),
+            dtype=params.get("dtype"), shape=params.get("shape") or params.get("layout"),
+            dma_mode=params.get("dma_mode"),
         )  # fmt: skip
         meta["id"] = results.uniform_id(module.FAMILY, params["implementation"], check, params)
     else:
@@ -395,11 +398,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip, with a reason, what this host cannot run: a missing backend or too few devices."""
     results.LAST_CASE.clear()
     distributed.begin_test(item.nodeid)
+    if item.get_closest_marker("pallas_interpret") and distributed.is_multi_process():
+        pytest.skip(distributed.PALLAS_INTERPRET)
     for platform in devices_lib.PLATFORMS:
         if item.get_closest_marker(platform) and not devices_lib.has_platform(platform):
             pytest.skip(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
     params = getattr(item, "callspec", None)
-    config = params and params.params.get("mesh_config")
+    config = params and (params.params.get("mesh_config") or params.params.get("route"))
     platform = params and params.params.get("platform")
     if config and platform:
         found = len(devices_lib.devices_of(platform))

@@ -81,6 +81,25 @@ class Implementation:
     supports: Supports | None = None
     #: The module whose ``register`` call entered it (what ``--kernels`` must import to find it).
     registered_by: str = ""
+    #: Modules it needs at run time (e.g. ``("cupy",)``); where one cannot be imported its checks
+    #: skip naming the module and the import error.
+    requires: tuple[str, ...] = ()
+    #: send_recv: it accepts ``timeout=`` (seconds) and raises ``TimeoutError`` naming the peer.
+    accepts_timeout: bool = False
+    #: send_recv: a callable returning counters of what it holds (``{"streams": 2, ...}``); the
+    #: resources check asserts none grows over repeated calls, beside threads and file descriptors.
+    resources: Callable[[], Mapping[str, int]] | None = None
+
+    def missing_requirement(self) -> str | None:
+        """``None`` if every module of :attr:`requires` imports, else which one and why not."""
+        import importlib
+
+        for module in self.requires:
+            try:
+                importlib.import_module(module)
+            except Exception as e:  # ImportError, or a library that fails to load (no driver)
+                return f"needs {module}, which does not import here ({type(e).__name__}: {e})"
+        return None
 
     @property
     def module(self) -> str:
@@ -136,6 +155,9 @@ def register(
     dtypes: tuple[str, ...] | None = None,
     platforms: tuple[str, ...] | None = None,
     supports: Supports | None = None,
+    requires: tuple[str, ...] = (),
+    accepts_timeout: bool = False,
+    resources: Callable[[], Mapping[str, int]] | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn`` as an implementation of ``family`` under ``name``; returns ``fn`` unchanged.
 
@@ -149,7 +171,12 @@ def register(
     keyword arguments ``dims``, ``dtype``, ``axis_size`` and ``mesh_shape`` (mesh axis name
     -> size) returning ``None`` for a case it claims or the reason it does not
     (:func:`multiples_of` builds the common one). The checks run on the cases it claims
-    (draws and fixed shapes adapt) and report the others as not claimed.
+    (draws and fixed shapes adapt) and report the others as not claimed. ``requires`` names
+    modules it imports at run time (its checks skip, naming the module, where one is missing).
+
+    ``send_recv`` only: ``accepts_timeout=True`` opts into the timeout check; ``resources`` is a
+    callable returning counters of what the implementation holds (streams, communicators), which
+    must not grow over repeated calls.
     """
     registered_by = _caller_module()
     if lowering_targets is None:
@@ -175,6 +202,11 @@ def register(
         platforms = tuple(platforms)
     if supports is not None and not callable(supports):
         raise TypeError(f"register({family!r}, name={name!r}): supports must be callable, got {supports!r}")
+    if isinstance(requires, str) or not all(isinstance(m, str) and m for m in requires):
+        raise TypeError(f"register({family!r}, name={name!r}): requires must be a tuple of module names, "
+                        f"got {requires!r}")  # fmt: skip
+    if resources is not None and not callable(resources):
+        raise TypeError(f"register({family!r}, name={name!r}): resources must be callable, got {resources!r}")
 
     def decorator(fn: F) -> F:
         if not callable(fn):
@@ -182,7 +214,8 @@ def register(
         impl = Implementation(family, name, fn, baseline=baseline, description=description,
                               pallas=pallas, lowering_targets=tuple(lowering_targets),
                               differentiable=differentiable, dtypes=dtypes, platforms=platforms,
-                              supports=supports, registered_by=registered_by)  # fmt: skip
+                              supports=supports, registered_by=registered_by, requires=tuple(requires),
+                              accepts_timeout=accepts_timeout, resources=resources)  # fmt: skip
         existing = _REGISTRY.setdefault(family, {}).get(name)
         if existing is not None and existing.fn is not fn:
             same_place = (existing.module, existing.fn.__qualname__) == (

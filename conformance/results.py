@@ -87,12 +87,13 @@ class Table:
 
 
 def uniform_id(family: str, impl: str, check: str, params: dict[str, Any]) -> str:
-    """``family/impl/check/mesh/platform[/dtype][/shape][/dma_mode]`` (absent parts left out)."""
+    """``family/impl/check/mesh/platform[/dtype][/shape][/dma_mode]`` (absent parts left out); for
+    send_recv the route stands for the mesh and its layout or bad destination follows the dtype."""
     parts = [family, impl, check]
-    mesh = params.get("mesh_config")
+    mesh = params.get("mesh_config") or params.get("route")
     parts.append(mesh.label if mesh is not None else "no-mesh")
     parts.append(str(params.get("platform", "cpu")))
-    for key in ("dtype", "shape", "dma_mode"):
+    for key in ("dtype", "shape", "layout", "bad", "dma_mode"):
         if key in params:
             parts.append(str(params[key]))
     return "/".join(parts)

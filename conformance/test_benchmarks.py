@@ -37,7 +37,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     labels = [m.strip() for m in config.getoption("bench_meshes").split(",") if m.strip()]
     meshes = [parse_mesh(label) for label in labels]
     sizes = bench.size_ladder(config.getoption("bench_sizes"))
-    impls = [(f, i.name) for f in specs.FAMILIES for i in registry.registered(f, config.getoption("impl"))]
+    impls = [
+        (f, i.name)
+        for f in specs.shard_map_families()
+        for i in registry.registered(f, config.getoption("impl"))
+    ]
     metafunc.parametrize("family,implementation", impls, ids=[name for _, name in impls])
     metafunc.parametrize("mesh_config", meshes, ids=[m.label for m in meshes])
     metafunc.parametrize("shard_bytes", sizes, ids=[f"{s}B" for s in sizes])

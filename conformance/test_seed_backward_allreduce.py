@@ -46,6 +46,7 @@ def test_declared_seed_case_has_no_backward_collective(mesh_label: str) -> None:
     )
 
 
+@pytest.mark.pallas_interpret
 @pytest.mark.parametrize("mesh_label", SEED_MESHES)
 def test_declared_seed_case_gradient_is_exact(mesh_label: str) -> None:
     """The declared form is not just quiet: ``grad(sum(copy(x)))`` is exactly ones."""

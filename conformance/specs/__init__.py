@@ -6,9 +6,10 @@ from conformance.specs.all_gather import ALL_GATHER
 from conformance.specs.allgather_matmul import ALLGATHER_MATMUL
 from conformance.specs.base import BadInput, FamilySpec, Operand
 from conformance.specs.matmul_reduce_scatter import MATMUL_REDUCE_SCATTER
+from conformance.specs.send_recv import SEND_RECV, PointToPointSpec
 
-FAMILIES: dict[str, FamilySpec] = {
-    spec.name: spec for spec in (ALL_GATHER, ALLGATHER_MATMUL, MATMUL_REDUCE_SCATTER)
+FAMILIES: dict[str, FamilySpec | PointToPointSpec] = {
+    spec.name: spec for spec in (ALL_GATHER, ALLGATHER_MATMUL, MATMUL_REDUCE_SCATTER, SEND_RECV)
 }
 
 
@@ -36,11 +37,26 @@ def add_family(spec: FamilySpec) -> FamilySpec:
 _BUILTIN = frozenset(FAMILIES)
 
 
-def get(family: str) -> FamilySpec:
+def shard_map_families() -> tuple[str, ...]:
+    """The families of ``fn(*operands, *, mesh, axis_name)`` kernels (every check of
+    :mod:`conformance.family_tests` and the benchmarks); ``send_recv`` has its own module."""
+    return tuple(name for name, spec in FAMILIES.items() if isinstance(spec, FamilySpec))
+
+
+def get(family: str) -> FamilySpec | PointToPointSpec:
     try:
         return FAMILIES[family]
     except KeyError:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}") from None
 
 
-__all__ = ["FAMILIES", "BadInput", "FamilySpec", "Operand", "add_family", "get"]
+__all__ = [
+    "FAMILIES",
+    "BadInput",
+    "FamilySpec",
+    "Operand",
+    "PointToPointSpec",
+    "add_family",
+    "get",
+    "shard_map_families",
+]

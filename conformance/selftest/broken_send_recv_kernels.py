@@ -1,0 +1,236 @@
+"""send_recv kernels broken in one way each (the suite must reject each by the check meant for
+it), the seed's two NCCL defects on real NCCL (GPU), and correct kernels in other styles.
+
+Each broken kernel copies shard by shard like the baseline and then does one wrong thing.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+import conformance
+from conformance.kernels.send_recv import nccl_cupy
+from conformance.kernels.send_recv._validation import device_pairs, validate_destination
+
+FAMILY = "send_recv"
+
+#: broken kernel -> the test that must reject it
+EXPECTED_REJECTION = {
+    "broken_sr_flips_low_bit": "test_values",
+    "broken_sr_canonicalizes_nan": "test_values",
+    "broken_sr_pairs_reversed": "test_values",
+    "broken_sr_whole_array_device_put": "test_values",
+    "broken_sr_keeps_source_devices": "test_sharding",
+    "broken_sr_deletes_source": "test_source_intact",
+    "broken_sr_accepts_any_destination": "test_bad_destination",
+    "broken_sr_thread_per_call": "test_resources",
+    "broken_sr_seed_stream_cache": "test_resources",
+    "broken_sr_pickles_unique_id": "test_no_pickle",
+}
+#: GPU only (real NCCL): the seed's defects, each rejected by its check.
+EXPECTED_REJECTION_GPU = {
+    "broken_nccl_seed_stream_cache": "test_resources",
+    "broken_nccl_seed_pickled_id": "test_no_pickle",
+}
+#: correct kernels in other styles: they must pass every check they run.
+CORRECT = ("correct_sr_device_put_loop", "correct_sr_via_host")
+
+
+def _copies(x: jax.Array, dst: NamedSharding, order=None) -> dict:
+    shards = {s.device: s.data for s in x.addressable_shards}
+    pairs = device_pairs(x.sharding, dst)
+    sources = [s for s, _ in pairs] if order is None else order([s for s, _ in pairs])
+    return {d: jax.device_put(shards[s], d) for s, (_, d) in zip(sources, pairs, strict=True)}
+
+
+def _assemble(x: jax.Array, dst: NamedSharding, copies: dict) -> jax.Array:
+    return jax.make_array_from_single_device_arrays(x.shape, dst, [copies[d] for d in dst.mesh.devices.flat])
+
+
+def _bits(a: jax.Array) -> jax.Array:
+    dt = np.dtype(a.dtype)
+    return jax.lax.bitcast_convert_type(a, jnp.dtype(f"uint{8 * dt.itemsize}")) if dt != np.bool_ else a
+
+
+@conformance.register(FAMILY, name="broken_sr_flips_low_bit")
+def broken_sr_flips_low_bit(x, *, dst):
+    """Flips the lowest bit of the last element of every shard (a stray write)."""
+    validate_destination("broken_sr_flips_low_bit", x, dst)
+    copies = {}
+    for d, a in _copies(x, dst).items():
+        host = np.array(a)
+        if host.size:
+            flat = host.reshape(-1).view(np.uint8)
+            flat[-1] ^= 1
+        copies[d] = jax.device_put(host, d)
+    return _assemble(x, dst, copies)
+
+
+@conformance.register(FAMILY, name="broken_sr_canonicalizes_nan")
+def broken_sr_canonicalizes_nan(x, *, dst):
+    """Moves floats through float32 arithmetic (``x * 1``): NaN payloads and signalling NaNs lost."""
+    validate_destination("broken_sr_canonicalizes_nan", x, dst)
+    out = {}
+    for d, a in _copies(x, dst).items():
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            a = (a.astype(jnp.float32) * 1).astype(a.dtype)
+        out[d] = a
+    return _assemble(x, dst, out)
+
+
+@conformance.register(FAMILY, name="broken_sr_pairs_reversed")
+def broken_sr_pairs_reversed(x, *, dst):
+    """Pairs source device i with destination device n-1-i (the wrong peer)."""
+    validate_destination("broken_sr_pairs_reversed", x, dst)
+    return _assemble(x, dst, _copies(x, dst, order=lambda sources: sources[::-1]))
+
+
+@conformance.register(FAMILY, name="broken_sr_whole_array_device_put")
+def broken_sr_whole_array_device_put(x, *, dst):
+    """Whole-array ``jax.device_put``: onto the source's devices in another order JAX runs a
+    resharding program that drops bfloat16 and float8 NaN payloads (see the baseline's docstring)."""
+    validate_destination("broken_sr_whole_array_device_put", x, dst)
+    return jax.device_put(x, dst)
+
+
+@conformance.register(FAMILY, name="broken_sr_keeps_source_devices")
+def broken_sr_keeps_source_devices(x, *, dst):
+    """Returns a copy of ``x`` where it is: right values, wrong devices."""
+    validate_destination("broken_sr_keeps_source_devices", x, dst)
+    return jax.device_put(x, x.sharding, may_alias=False)
+
+
+@conformance.register(FAMILY, name="broken_sr_deletes_source")
+def broken_sr_deletes_source(x, *, dst):
+    """Consumes its input (as the seed's receive did): ``x`` is deleted after the copy."""
+    validate_destination("broken_sr_deletes_source", x, dst)
+    out = _assemble(x, dst, _copies(x, dst))
+    out.block_until_ready()
+    x.delete()
+    return out
+
+
+@conformance.register(FAMILY, name="broken_sr_accepts_any_destination")
+def broken_sr_accepts_any_destination(x, *, dst):
+    """No check of ``dst``: another spec or mesh is silently resharded."""
+    return jax.device_put(x, dst)
+
+
+_PARKED: list[threading.Event] = []
+
+
+@conformance.register(FAMILY, name="broken_sr_thread_per_call")
+def broken_sr_thread_per_call(x, *, dst):
+    """Starts a helper thread on every call and never joins it."""
+    validate_destination("broken_sr_thread_per_call", x, dst)
+    stop = threading.Event()
+    _PARKED.append(stop)
+    threading.Thread(target=stop.wait, daemon=True).start()
+    return _assemble(x, dst, _copies(x, dst))
+
+
+_SEED_STREAMS: dict = {}
+_SEED_MADE = {"streams": 0}
+
+
+def _seed_stream(op: str, device):
+    """The seed's cache: looked up under ``(op, device)``, stored under ``device``."""
+    stream = _SEED_STREAMS.get((op, device))
+    if stream is None:
+        stream = object()  # stands for cupy.cuda.Stream(non_blocking=True)
+        _SEED_MADE["streams"] += 1
+        _SEED_STREAMS[device] = stream
+    return stream
+
+
+@conformance.register(FAMILY, name="broken_sr_seed_stream_cache", resources=lambda: dict(_SEED_MADE))
+def broken_sr_seed_stream_cache(x, *, dst):
+    """The seed's stream cache on CPU: a new "stream" per call and device."""
+    validate_destination("broken_sr_seed_stream_cache", x, dst)
+    for s, d in device_pairs(x.sharding, dst):
+        _seed_stream("send", s)
+        _seed_stream("recv", d)
+    return _assemble(x, dst, _copies(x, dst))
+
+
+@conformance.register(FAMILY, name="broken_sr_pickles_unique_id")
+def broken_sr_pickles_unique_id(x, *, dst):
+    """The seed's id exchange: the peer's id is a pickle, loaded (here from this process)."""
+    validate_destination("broken_sr_pickles_unique_id", x, dst)
+    pickle.loads(pickle.dumps(bytes(128)))
+    return _assemble(x, dst, _copies(x, dst))
+
+
+# -- the seed's defects on real NCCL (GPU) ---------------------------------------------------------
+
+_NCCL_SEED_MADE = {"streams": 0}
+_NCCL_SEED_STREAMS: dict = {}
+
+
+def _nccl_seed_stream(device):
+    import cupy
+
+    stream = _NCCL_SEED_STREAMS.get(("send", device.id))  # read under one key ...
+    if stream is None:
+        with cupy.cuda.Device(device.local_hardware_id):
+            stream = cupy.cuda.Stream(non_blocking=True)
+        _NCCL_SEED_STREAMS[device.id] = stream  # ... written under another
+        _NCCL_SEED_MADE["streams"] += 1
+    return stream
+
+
+@conformance.register(FAMILY, name="broken_nccl_seed_stream_cache", platforms=("gpu",),
+                      requires=("cupy", "cupy.cuda.nccl"),
+                      resources=lambda: dict(_NCCL_SEED_MADE))  # fmt: skip
+def broken_nccl_seed_stream_cache(x, *, dst):
+    """The NCCL implementation with the seed's stream cache: a new CUDA stream per call."""
+    validate_destination("broken_nccl_seed_stream_cache", x, dst)
+    return nccl_cupy.send_recv(x, dst, stream_for=_nccl_seed_stream)
+
+
+def _pickled_id(raw: bytes) -> bytes:
+    return pickle.loads(pickle.dumps(raw))  # the seed: pickle.dumps to the store, pickle.loads back
+
+
+@conformance.register(FAMILY, name="broken_nccl_seed_pickled_id", platforms=("gpu",),
+                      requires=("cupy", "cupy.cuda.nccl"))  # fmt: skip
+def broken_nccl_seed_pickled_id(x, *, dst):
+    """The NCCL implementation with the seed's id exchange: the unique id goes through pickle."""
+    validate_destination("broken_nccl_seed_pickled_id", x, dst)
+    # its own communicators each call, so every call exchanges an id
+    return nccl_cupy.send_recv(x, dst, id_transport=_pickled_id, comms={})
+
+
+# -- correct, in other styles -----------------------------------------------------------------------
+
+
+@conformance.register(FAMILY, name="correct_sr_device_put_loop")
+def correct_sr_device_put_loop(x, *, dst):
+    """A loop over ``addressable_shards`` and ``dst.devices_indices_map``, no pairing helper."""
+    if dst.spec != x.sharding.spec or dst.mesh.devices.shape != x.sharding.mesh.devices.shape \
+            or dst.memory_kind != x.sharding.memory_kind:  # fmt: skip
+        raise ValueError(f"cannot send {x.sharding} to {dst}")
+    by_index = {}
+    for shard in x.addressable_shards:
+        by_index.setdefault(tuple((s.start, s.stop) for s in shard.index), shard.data)
+    arrays = []
+    for device, index in dst.addressable_devices_indices_map(x.shape).items():
+        arrays.append(jax.device_put(by_index[tuple((s.start, s.stop) for s in index)], device))
+    return jax.make_array_from_single_device_arrays(x.shape, dst, arrays)
+
+
+@conformance.register(FAMILY, name="correct_sr_via_host")
+def correct_sr_via_host(x, *, dst):
+    """Through host memory as raw bytes: ``np.asarray`` and ``jax.make_array_from_callback``."""
+    if (dst.spec, dst.mesh.devices.shape, dst.memory_kind) != (
+        x.sharding.spec, x.sharding.mesh.devices.shape, x.sharding.memory_kind
+    ):  # fmt: skip
+        raise ValueError(f"source {x.sharding} and destination {dst} differ")
+    host = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, dst, lambda index: host[index])

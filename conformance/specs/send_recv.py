@@ -1,0 +1,79 @@
+"""The ``send_recv`` family: move a sharded array to another set of devices, bit for bit.
+
+``fn(x, *, dst) -> jax.Array``. ``x`` lies on the source devices under a ``NamedSharding``;
+``dst`` is a ``NamedSharding`` with the same ``PartitionSpec`` over an equally shaped mesh of
+destination devices. Device ``i`` of the source mesh's device array sends its shard to device
+``i`` of the destination mesh. The result lies on ``dst``, is bitwise equal to ``x``, and ``x``
+is left intact. In a multi-process job every process calls ``fn`` with the same arguments,
+including processes that own no source or destination device.
+
+Unlike the shard_map families there is no arithmetic, so there is no tolerance: the ground
+truth is the source's bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+#: The float8 variants; those a JAX release lacks are left out by :func:`available_dtypes`.
+FLOAT8_DTYPES = (
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e3m4",
+    "float8_e4m3",
+    "float8_e8m0fnu",
+)
+
+#: Every dtype a transfer must move intact. 64-bit types need ``jax_enable_x64`` and the 4-bit
+#: ones are packed two to a byte on some backends, so neither is in the contract (yet).
+DTYPES = (
+    "float32",
+    "bfloat16",
+    "float16",
+    *FLOAT8_DTYPES,
+    "complex64",
+    "int8",
+    "uint8",
+    "int32",
+    "uint32",
+    "bool",
+)
+
+
+def available_dtypes(names: tuple[str, ...] = DTYPES) -> tuple[str, ...]:
+    """``names`` that this JAX release knows."""
+    import jax.numpy as jnp
+
+    return tuple(n for n in names if hasattr(jnp, n))
+
+
+def np_dtype(name: str) -> np.dtype:
+    import jax.numpy as jnp
+
+    return np.dtype(getattr(jnp, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class PointToPointSpec:
+    """The contract of a point-to-point family (no mesh axis, no arithmetic)."""
+
+    name: str
+    summary: str
+    dtypes: tuple[str, ...]
+    signature_text: str
+
+    def signature(self, axis_name: str = "axis") -> str:
+        return self.signature_text
+
+
+SEND_RECV = PointToPointSpec(
+    name="send_recv",
+    summary="fn(x, *, dst): every shard of x to the same position of dst's devices, bitwise",
+    dtypes=DTYPES,
+    signature_text="x NamedSharding(src mesh, spec) -> NamedSharding(dst mesh of the same shape, same spec)",
+)

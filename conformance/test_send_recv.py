@@ -1,0 +1,144 @@
+"""The send_recv family: every implementation on every route, layout and dtype, bit for bit.
+
+Discrete axes are parametrized so every implementation meets every one: routes (where the
+shards go, :data:`conformance.transfers.ROUTES`), layouts (vector, matrix, replicated, empty)
+and every dtype of the spec; hypothesis draws only shapes and seeds (``test_values_drawn``).
+The checks live in :mod:`conformance.transfers`; a route needing more devices than the
+platform has skips, naming both counts.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import claims, distributed, family_tests, registry, transfers
+from conformance.checks import ConformanceFailure
+from conformance.fixtures import devices as devices_lib
+from conformance.specs import SEND_RECV
+from conformance.transfers import LAYOUT_NAMES, ROUTES, Layout, Route, Transfer
+
+FAMILY = transfers.FAMILY
+
+#: The routes of the resources, no-pickle and bad-destination checks: one per kind of pair
+#: (a device to itself, a permutation, other devices), the smallest that shows it.
+FEW_ROUTES = tuple(
+    r for r in ROUTES if r.label in ("1-identical", "4-permuted", "4-disjoint", "2x2-overlapping")
+)
+
+routes = pytest.mark.parametrize("route", ROUTES, ids=[r.label for r in ROUTES])
+few_routes = pytest.mark.parametrize("route", FEW_ROUTES, ids=[r.label for r in FEW_ROUTES])
+
+
+def _replay(request: pytest.FixtureRequest, impl: registry.Implementation) -> str:
+    parts = ["pytest", f"{request.node.path}::{request.node.name}", "-p", "no:cacheprovider"]
+    if not impl.is_builtin:
+        parts += ["--kernels", impl.module]
+    return shlex.join(parts)
+
+
+def transfer(
+    request: pytest.FixtureRequest,
+    implementation: str,
+    platform: str,
+    route: Route,
+    layout: Layout | str = "vector",
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Transfer:
+    """The case, placed on this platform's devices; not claimed or missing a module: a skip."""
+    impl = registry.get(FAMILY, implementation)
+    mesh_shape = dict(zip(route.axis_names, route.mesh_shape, strict=True))
+    why = impl.claims(platform=platform, dtype=dtype, dims={}, mesh_shape=mesh_shape, axis_size=route.size)
+    if why is not None:
+        raise claims.NotClaimed(implementation, why)
+    missing = impl.missing_requirement()
+    if missing is not None:
+        pytest.skip(f"{implementation}: {missing}")
+    if isinstance(layout, str):
+        layout = transfers.layout(layout, route.mesh_shape)
+    t = Transfer(implementation, platform, route, layout, dtype, seed, _replay(request, impl))
+    return t.prepare(devices_lib.devices_of(platform))
+
+
+def run(check, t: Transfer, *args) -> None:
+    """Run one check; in a multi-process job the verdict is agreed across ranks first."""
+    name = check.__name__.removeprefix("check_")
+    caught = None
+    try:
+        check(t, *args)
+    except ConformanceFailure as failure:
+        caught = failure
+    if distributed.is_multi_process():
+        caught, _ = family_tests._agreed_verdict(None, name, caught, None)
+    if caught is not None:
+        raise family_tests.CheckFailed(caught)
+
+
+@routes
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+def test_values(request, implementation: str, platform: str, route: Route, layout: str, dtype: str) -> None:
+    """Bitwise, shard by shard: random bit patterns with -0.0, infinities, NaN payloads, subnormals."""
+    run(transfers.check_values, transfer(request, implementation, platform, route, layout, dtype))
+
+
+@routes
+@family_tests.PER_MESH
+@given(data=st.data())
+def test_values_drawn(request, implementation: str, platform: str, route: Route, data: st.DataObject) -> None:
+    """Drawn shapes (rank 1 to 3, 0 to 5 rows per shard), dtypes and seeds."""
+    rank = data.draw(st.integers(1, 3), label="rank")
+    per_shard = data.draw(st.integers(0, 5), label="rows per shard")
+    rest = tuple(
+        data.draw(st.lists(st.integers(1, 5), min_size=rank - 1, max_size=rank - 1), label="other dims")
+    )
+    declared = registry.get(FAMILY, implementation).dtypes
+    dtype = data.draw(st.sampled_from(declared or SEND_RECV.dtypes), label="dtype")
+    seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    axes = route.axis_names
+    layout = Layout("drawn", (per_shard * route.size, *rest), transfers.P(axes if len(axes) > 1 else axes[0]))
+    run(transfers.check_values, transfer(request, implementation, platform, route, layout, dtype, seed))
+
+
+@routes
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+def test_sharding(request, implementation: str, platform: str, route: Route, layout: str) -> None:
+    """The result lies on ``dst``: its devices in its order, spec and memory kind; each shard at its index."""
+    run(transfers.check_sharding, transfer(request, implementation, platform, route, layout))
+
+
+@routes
+def test_source_intact(request, implementation: str, platform: str, route: Route) -> None:
+    """``x`` is neither deleted nor changed by three transfers."""
+    run(
+        transfers.check_source_intact,
+        transfer(request, implementation, platform, route, "matrix", "bfloat16"),
+    )
+
+
+@few_routes
+@pytest.mark.parametrize("bad", transfers.BAD_DESTINATIONS)
+def test_bad_destination(request, implementation: str, platform: str, route: Route, bad: str) -> None:
+    """Another spec, mesh shape, device count or memory kind: refused naming both, and the next
+    transfer still works."""
+    t = transfer(request, implementation, platform, route)
+    what, dst, must = transfers.bad_destination(t, bad)
+    if dst is None:
+        pytest.skip(f"{implementation}: {what}")
+    run(transfers.check_bad_destination, t, what, dst, must)
+    run(transfers.check_values, t)
+
+
+@few_routes
+def test_resources(request, implementation: str, platform: str, route: Route) -> None:
+    """50 calls after warm-up open no threads, file descriptors, streams or communicators."""
+    run(transfers.check_resources, transfer(request, implementation, platform, route))
+
+
+@few_routes
+def test_no_pickle(request, implementation: str, platform: str, route: Route) -> None:
+    """No pickle load during a transfer; no pickle stream written to the key-value store."""
+    run(transfers.check_no_pickle, transfer(request, implementation, platform, route))
