@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import fnmatch
+import json
 import importlib
 import re
 import time
@@ -459,6 +460,7 @@ def _is_not_claimed(rep: pytest.TestReport) -> bool:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     rep = outcome.get_result()
+    _agree_on_outcome(rep)
     if not _is_conformance_item(item):
         return
     meta = _meta(item)
@@ -487,6 +489,40 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             note("replay", failure.case.replay_command(failure.check))
     if not rep.skipped:
         VERDICTS.append(verdict)
+
+
+def _agree_on_outcome(rep: pytest.TestReport) -> None:
+    """In a multi-process job, a test that failed on any rank fails on every rank, naming the rank.
+
+    Each rank posts one outcome per test: its call's, or its setup's where the setup did not pass
+    (no call follows). Whatever a rank raised outside a check's own agreement (an error while
+    placing inputs, say) then still fails the test everywhere, and ``-x`` stops every rank at
+    the same test instead of leaving the others waiting for one that has left.
+    """
+    if not (rep.when == "call" or (rep.when == "setup" and not rep.passed)):
+        return
+    if not distributed.is_multi_process() or hasattr(rep, "wasxfail"):
+        return
+    mine = {"outcome": rep.outcome, "line": _first_line(rep)}
+    try:
+        texts = distributed.exchange("outcome", json.dumps(mine))
+    except Exception as e:  # a rank gave up or the store failed: say so, do not crash the session
+        rep.outcome, rep.longrepr = "failed", f"could not agree on this test's outcome across ranks: {e}"
+        return
+    failed = [(r, json.loads(t)) for r, t in enumerate(texts) if json.loads(t)["outcome"] == "failed"]
+    if failed and not rep.failed:
+        rank, other = failed[0]
+        ranks = ", ".join(str(r) for r, _ in failed)
+        rep.outcome = "failed"
+        rep.longrepr = f"failed on rank {rank} of {len(texts)} (ranks {ranks}): {other['line']}"
+
+
+def _first_line(rep: pytest.TestReport) -> str:
+    if not rep.failed:
+        return ""
+    crash = getattr(rep.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(rep.longrepr or "")
+    return text.strip().splitlines()[0][:500] if text.strip() else "(no message)"
 
 
 def _outcome_of(rep: pytest.TestReport) -> str | None:

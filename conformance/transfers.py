@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from conformance import distributed, registry
+from conformance import registry
 from conformance.checks import ConformanceFailure, error_text
 from conformance.specs.send_recv import np_dtype
 
@@ -206,7 +206,7 @@ def host_values(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 def place(host: np.ndarray, sharding: NamedSharding) -> jax.Array:
     """``host`` as a global array under ``sharding``; each process puts only its own shards."""
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
 
 
 # -- one transfer ----------------------------------------------------------------------------------
@@ -464,8 +464,33 @@ def is_pickle_stream(value: bytes | str) -> bool:
     return bool(ops) and ops[-1][0].name == "STOP" and ops[-1][2] == len(raw) - 1
 
 
+class _WatchedClient:
+    """Stands in for the ``jax.distributed`` client while a transfer runs: forwards everything,
+    and notes every value written that is a pickle stream (``isinstance`` still sees the client)."""
+
+    def __init__(self, client, events: list[str]) -> None:
+        object.__setattr__(self, "_client", client)
+        object.__setattr__(self, "_events", events)
+
+    @property
+    def __class__(self):
+        return type(self._client)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if name not in ("key_value_set", "key_value_set_bytes"):
+            return attr
+
+        def write(key, value, *args, **kwargs):
+            if is_pickle_stream(value):
+                self._events.append(f"{name}({key!r}, <a pickle stream of {len(value)} bytes>)")
+            return attr(key, value, *args, **kwargs)
+
+        return write
+
+
 class _PickleWatch:
-    """Records pickle loads and pickle streams written to the key-value store while active."""
+    """Records pickle loads, and pickle streams written to the key-value store, while active."""
 
     LOADERS = ("loads", "load", "Unpickler")
 
@@ -474,37 +499,25 @@ class _PickleWatch:
         self._saved: list[tuple[object, str, object]] = []
 
     def __enter__(self) -> _PickleWatch:
+        from jax._src import distributed as jax_distributed
+
         for name in self.LOADERS:
-            self._wrap(pickle, name, lambda orig, name=name: self._loader(orig, f"pickle.{name}"))
-        client = distributed.client()
-        if client is not None:
-            for name in ("key_value_set", "key_value_set_bytes"):
-                if hasattr(client, name):
-                    self._wrap(client, name, lambda orig, name=name: self._writer(orig, name))
+            self._swap(pickle, name, self._loader(getattr(pickle, name), f"pickle.{name}"))
+        state = jax_distributed.global_state
+        if state.client is not None:
+            self._swap(state, "client", _WatchedClient(state.client, self.events))
         return self
 
-    def _wrap(self, owner, name, make) -> None:
-        orig = getattr(owner, name)
-        try:
-            setattr(owner, name, make(orig))
-        except (AttributeError, TypeError):
-            return  # a C object that takes no attribute: not watchable here
-        self._saved.append((owner, name, orig))
+    def _swap(self, owner, name: str, new) -> None:
+        self._saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
 
-    def _loader(self, orig, what):
+    def _loader(self, orig, what: str):
         def load(*args, **kwargs):
             self.events.append(f"{what} called")
             return orig(*args, **kwargs)
 
         return load
-
-    def _writer(self, orig, what):
-        def write(key, value, *args, **kwargs):
-            if is_pickle_stream(value):
-                self.events.append(f"{what}({key!r}, <a pickle stream of {len(value)} bytes>)")
-            return orig(key, value, *args, **kwargs)
-
-        return write
 
     def __exit__(self, *exc) -> None:
         for owner, name, orig in reversed(self._saved):

@@ -42,11 +42,9 @@ EXPECTED_REJECTION_GPU = {
 CORRECT = ("correct_sr_device_put_loop", "correct_sr_via_host")
 
 
-def _copies(x: jax.Array, dst: NamedSharding, order=None) -> dict:
+def _copies(x: jax.Array, dst: NamedSharding) -> dict:
     shards = {s.device: s.data for s in x.addressable_shards}
-    pairs = device_pairs(x.sharding, dst)
-    sources = [s for s, _ in pairs] if order is None else order([s for s, _ in pairs])
-    return {d: jax.device_put(shards[s], d) for s, (_, d) in zip(sources, pairs, strict=True)}
+    return {d: jax.device_put(shards[s], d) for s, d in device_pairs(x.sharding, dst)}
 
 
 def _assemble(x: jax.Array, dst: NamedSharding, copies: dict) -> jax.Array:
@@ -86,9 +84,14 @@ def broken_sr_canonicalizes_nan(x, *, dst):
 
 @conformance.register(FAMILY, name="broken_sr_pairs_reversed")
 def broken_sr_pairs_reversed(x, *, dst):
-    """Pairs source device i with destination device n-1-i (the wrong peer)."""
+    """Pairs source device i with destination device n-1-i (the wrong peer); a ppermute, so it
+    runs across processes too."""
+    from conformance.kernels.send_recv import xla
+
     validate_destination("broken_sr_pairs_reversed", x, dst)
-    return _assemble(x, dst, _copies(x, dst, order=lambda sources: sources[::-1]))
+    pairs = device_pairs(x.sharding, dst)
+    wrong = [(s, d) for (s, _), (_, d) in zip(pairs[::-1], pairs, strict=True)]
+    return xla._by_ppermute(x, dst, wrong)
 
 
 @conformance.register(FAMILY, name="broken_sr_whole_array_device_put")
@@ -234,3 +237,23 @@ def correct_sr_via_host(x, *, dst):
         raise ValueError(f"source {x.sharding} and destination {dst} differ")
     host = np.asarray(x)
     return jax.make_array_from_callback(x.shape, dst, lambda index: host[index])
+
+
+#: Rejected in a multi-process job only (it needs the job's key-value store).
+EXPECTED_REJECTION_MULTIPROCESS = {"broken_sr_publishes_pickle": "test_no_pickle"}
+_PUBLISHED = [0]
+
+
+@conformance.register(FAMILY, name="broken_sr_publishes_pickle")
+def broken_sr_publishes_pickle(x, *, dst):
+    """The seed's leader side: publishes its (stand-in) unique id as a pickle in the key-value store."""
+    from conformance import distributed
+
+    validate_destination("broken_sr_publishes_pickle", x, dst)
+    client = distributed.client()
+    if client is not None:
+        _PUBLISHED[0] += 1
+        client.key_value_set_bytes(f"broken/{jax.process_index()}/{_PUBLISHED[0]}", pickle.dumps(bytes(128)))
+    from conformance.kernels.send_recv.xla import xla_device_put
+
+    return xla_device_put(x, dst=dst)

@@ -5,6 +5,7 @@ checks pass across process boundaries, and each multi-process fault of
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,3 +90,27 @@ def test_a_kernel_reading_other_ranks_data_fails_naming_the_call(tmp_path: Path)
         -4000:
     ]
     assert not _left_behind()
+
+
+def test_send_recv_across_processes(tmp_path: Path) -> None:
+    """The send_recv family in a 2 x 4 job: the baseline moves shards from process 0 to 1 and back
+    bit for bit (a ppermute between processes); a kernel that pairs the wrong devices and one that
+    publishes a pickle in the job's key-value store are rejected on every rank."""
+    broken = "conformance.selftest.broken_send_recv_kernels"
+    impls = "xla_device_put,broken_sr_pairs_reversed,broken_sr_publishes_pickle"
+    done, _ = _launch(tmp_path, f"--kernels={broken}", f"--impl={impls}", "-k",
+                      "test_send_recv and (test_no_pickle or (test_values and float32 and disjoint))",
+                      timeout=300)  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 1, out[-5000:]
+    failed = {line.split("::", 1)[1] for line in out.splitlines() if line.startswith("FAILED ")}
+    assert not [t for t in failed if "xla_device_put" in t], failed
+    for route in ("4-disjoint", "4-disjoint_back", "2x2-disjoint"):  # process 0 -> 1, 1 -> 0, both
+        for layout in ("vector", "matrix"):  # (a replicated array is the same on every device)
+            assert f"test_values[broken_sr_pairs_reversed-float32-cpu-{layout}-{route}]" in failed, failed
+    assert "[values] send_recv/broken_sr_pairs_reversed: the result's bytes differ" in out
+    assert {
+        f"test_no_pickle[broken_sr_publishes_pickle-cpu-{r}]" for r in ("4-disjoint", "1-identical")
+    } <= failed
+    assert "key_value_set_bytes(" in out and "failed on ranks: 0, 1 of 2" in out
+    assert re.search(r"send_recv/xla_device_put +ok +20P", out), out[-3000:]

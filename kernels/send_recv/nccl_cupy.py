@@ -205,7 +205,9 @@ def send_recv(x, dst, *, stream_for=None, id_transport=None, comms=None):
 
     outputs = _transfer(x, dst, stream_for or _stream, id_transport, _COMMS if comms is None else comms)
     local = [d for d in dst.mesh.devices.flat if d.process_index == jax.process_index()]
-    return jax.make_array_from_single_device_arrays(x.shape, dst, [outputs[d.id] for d in local])
+    return jax.make_array_from_single_device_arrays(
+        x.shape, dst, [outputs[d.id] for d in local], dtype=x.dtype
+    )
 
 
 def _transfer(x, dst, stream_for, id_transport, comms):
