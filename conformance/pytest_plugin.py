@@ -47,8 +47,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import fnmatch
-import json
 import importlib
+import json
 import re
 import time
 from collections import defaultdict
