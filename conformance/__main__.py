@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.family not in specs.FAMILIES:
         print(f"unknown family {args.family!r}; known: {', '.join(specs.FAMILIES)}", file=sys.stderr)
         return 2
+    if args.family not in specs.shard_map_families():
+        print(f"{args.family}: its checks replay through pytest; each failure prints the command "
+              "(pytest 'PATH::TEST[ID]')", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         registry.get(args.family, args.impl)
     except registry.NotRegistered as missing:  # not the kernel's failure: the replay cannot find it

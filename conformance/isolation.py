@@ -24,8 +24,10 @@ fresh worker. A worker that crashes is a failure naming the case, too.
 
 The protocol is one JSON object per line over the worker's stdin and stdout (never
 pickle). Records the checks keep for the run's report (bytes, accuracy) come back
-with the verdict. Isolation is off inside the worker itself, in a multi-process
-JAX job (the worker could not join it), and with ``--isolation=off``.
+with the verdict. Isolation is off inside the worker itself and with ``--isolation=off``. In a
+multi-process JAX job the worker stands alone (it does not join the job): rank 0's worker runs
+the check on its own simulated devices, a process-local mesh, and the other ranks take its
+verdict (:func:`conformance.family_tests.run`).
 """
 
 from __future__ import annotations
@@ -96,9 +98,12 @@ def call(check: Callable[[Case], object], case: Case) -> None:
     Raises what the check raises (:class:`checks.ConformanceFailure`,
     :class:`compat.HostLimit`), rebuilt from the worker's answer.
     """
-    if not applies(case) or _multi_process_job():
+    if not applies(case):
         check(case)
         return
+    if _multi_process_job() and MODE != "process":
+        raise compat.HostCannotRun(f"{case.impl}: a Pallas interpret check in a multi-process job runs only "
+                                   "in the worker (process-local); --isolation=off cannot")  # fmt: skip
     worker = Worker.shared()
     if case.impl not in worker.registered.get(case.family, ()):
         check(case)  # its module cannot be imported by name (e.g. defined in a test file)
@@ -133,7 +138,10 @@ class Worker:
 
         modules = sorted({i.module for f in specs.FAMILIES for i in registry.registered(f)})
         paths = [os.path.abspath(p or os.curdir) for p in sys.path]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "JAX_PLATFORMS": "cpu"}
+        # Standalone, also in a rank of a job: it must not join the job (its meshes are its own).
+        job = {"JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_LOCAL_DEVICE_IDS"}
+        env = {k: v for k, v in os.environ.items() if k not in job and not k.startswith("CONFORMANCE_")}
+        env.update(PYTHONPATH=os.pathsep.join(paths), JAX_PLATFORMS="cpu")
         self.stderr = tempfile.TemporaryFile(mode="w+", prefix="conformance-worker-")  # noqa: SIM115 (outlives this call)
         argv = [sys.executable, "-m", "conformance.isolation",
                 f"--hang-timeout={runner.HANG_TIMEOUT_S}", f"--abort-grace={runner.ABORT_GRACE_S}",
