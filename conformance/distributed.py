@@ -94,6 +94,23 @@ def is_multi_process() -> bool:
     return _client() is not None and rank_and_size()[1] > 1
 
 
+def job_layout_problem() -> str | None:
+    """What is wrong with this job's devices, in words, or ``None``: starts the backend and checks
+    that every process has the same number of local devices, and the number ``launch`` asked for
+    (``--devices-per-process``), so that meshes of the job's devices cross process boundaries."""
+    rank, size = rank_and_size()
+    local, total = jax.local_device_count(), jax.device_count()
+    wanted = os.environ.get(DEVICES_PER_PROCESS)
+    if wanted and local != int(wanted):
+        return (f"rank {rank}: this process has {local} local devices, but the job asked for {wanted} per "
+                f"process ({DEVICES_PER_PROCESS}); something set the CPU device count before the suite "
+                "joined the job")  # fmt: skip
+    if total != local * size:
+        return (f"rank {rank}: the job's {size} processes have {total} devices in all, not {size} x {local}: "
+                "processes with different local device counts")  # fmt: skip
+    return None
+
+
 def begin_test(nodeid: str) -> None:
     """Rounds of :func:`exchange` are numbered per test (the plugin calls this at each test's setup)."""
     _test[0] = nodeid
@@ -104,6 +121,19 @@ def _try_get(client, key: str) -> str | None:
     try:
         return client.key_value_try_get(key)
     except Exception:  # NOT_FOUND: not posted yet
+        return None
+
+
+#: How long one blocking read of a rank's answer waits before the loop looks for a rank that gave up.
+_WAIT_SLICE_MS = 100
+
+
+def _blocking_get(client, key: str) -> str | None:
+    """The value at ``key`` as soon as it is set (the coordinator answers then), or ``None`` after
+    :data:`_WAIT_SLICE_MS`."""
+    try:
+        return client.blocking_key_value_get(key, _WAIT_SLICE_MS)
+    except Exception:  # DEADLINE_EXCEEDED: not posted yet
         return None
 
 
@@ -123,7 +153,7 @@ def exchange(topic: str, text: str) -> list[str]:
     client = _client()
     client.key_value_set(f"{base}/{rank}", text)
     got: dict[int, str] = {rank: text}
-    deadline, pause = time.monotonic() + AGREE_TIMEOUT_S, 0.001
+    deadline = time.monotonic() + AGREE_TIMEOUT_S
     while len(got) < size:
         for r in range(size):
             if r in got:
@@ -138,8 +168,11 @@ def exchange(topic: str, text: str) -> list[str]:
                 missing = [r for r in range(size) if r not in got]
                 raise RuntimeError(f"rank {rank}: ranks {missing} gave no {topic!r} answer in "
                                    f"{AGREE_TIMEOUT_S:g} s in {_test[0] or 'collection'}")  # fmt: skip
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+            # wait on one missing answer: the coordinator replies the moment it is posted
+            first = min(r for r in range(size) if r not in got)
+            value = _blocking_get(client, f"{base}/{first}")
+            if value is not None:
+                got[first] = value
     return [got[r] for r in range(size)]
 
 

@@ -358,7 +358,12 @@ class _DevicesAfterCollection:
             _meta(item)
         if not ours:
             return  # a session without the suite's tests: JAX is left exactly as the user set it
-        problem = compat.ensure_cpu_devices(devices_lib.CPU_DEVICE_COUNT)
+        # In a job, each process has the devices the job gave it (launch: --devices-per-process);
+        # asking for 8 here would give every process 8 and keep every mesh inside process 0.
+        problem = distributed.job_layout_problem() if distributed.is_multi_process() else (
+            compat.ensure_cpu_devices(devices_lib.CPU_DEVICE_COUNT))  # fmt: skip
+        if problem and distributed.is_multi_process():
+            raise pytest.UsageError(problem)
         if problem:
             raise pytest.UsageError(
                 f"{problem}. The rule: nothing may start a JAX backend while pytest collects (an array "
@@ -431,15 +436,16 @@ def _conformance_failure(error: BaseException | None):
     """The check's failure inside a test's exception (hypothesis may group several: take the smallest)."""
     from conformance.checks import ConformanceFailure
 
-    found, stack = [], [error]
+    found, caseless, stack = [], [], [error]
     while stack:
         e = stack.pop()
         if e is None:
             continue
-        if isinstance(e, ConformanceFailure) and e.case is not None:
-            found.append(e)
+        if isinstance(e, ConformanceFailure):  # a send_recv check's failure has no family Case
+            (found if e.case is not None else caseless).append(e)
         stack += [getattr(e, "failure", None), *getattr(e, "exceptions", ())]
-    return min(found, key=lambda f: report.case_size(f.case), default=None)
+    smallest = min(found, key=lambda f: report.case_size(f.case), default=None)
+    return smallest or next((f for f in caseless if getattr(f, "what", None)), None)
 
 
 def _skip_reason(rep: pytest.TestReport) -> str:
@@ -485,8 +491,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         failure = _conformance_failure(call.excinfo.value if call.excinfo else None)
         if failure is not None:
             verdict = dataclasses.replace(verdict, check=failure.check, case=failure.case, what=failure.what)
-            note("case", failure.case.token)
-            note("replay", failure.case.replay_command(failure.check))
+            if failure.case is not None:
+                note("case", failure.case.token)
+                note("replay", failure.case.replay_command(failure.check))
     if not rep.skipped:
         VERDICTS.append(verdict)
 
