@@ -25,6 +25,7 @@ class BenchRecord:
     size_bytes: int
     received_bytes: int
     platform: str
+    dtype: str = "float32"
 
     @property
     def algbw(self) -> float:
@@ -32,6 +33,9 @@ class BenchRecord:
 
     @property
     def busbw(self) -> float:
+        """nccl-tests: ``algbw * (n - 1) / n`` for a ring of n; ``algbw`` for sendrecv (one link per pair)."""
+        if self.family == "send_recv":
+            return self.algbw
         return self.algbw * (self.ring - 1) / self.ring
 
 
@@ -97,17 +101,20 @@ def tables(records: list[BenchRecord]) -> list[tuple[str, list[str]]]:
     for r in records:
         by_family[r.family].append(r)
     for family, recs in sorted(by_family.items()):
-        base = {(r.mesh, r.shard_bytes): r.median_s for r in recs if r.baseline}
+        base = {(r.mesh, r.dtype, r.shard_bytes): r.median_s for r in recs if r.baseline}
         platforms = sorted({r.platform for r in recs})
-        note = "  (CPU figures: simulated devices, Pallas in interpret mode)" if platforms == ["cpu"] else ""
+        what = "copies between simulated devices" if family == "send_recv" else "Pallas in interpret mode"
+        note = f"  (CPU figures: simulated devices, {what})" if platforms == ["cpu"] else ""
         title = f"benchmark {family} on {', '.join(platforms)}{note}"
         width = max(len(r.impl) for r in recs)
-        lines = [f"{'implementation':<{width}}  {'mesh':<12} {'shard':>8} {'time us':>10} {'vs base':>8} "
-                 f"{'recv B/dev':>11} {'size B':>10} {'algbw GB/s':>10} {'busbw GB/s':>10}"]  # fmt: skip
-        for r in sorted(recs, key=lambda r: (r.mesh, r.shard_bytes, not r.baseline, r.impl)):
-            ratio = base.get((r.mesh, r.shard_bytes))
+        lines = [f"{'implementation':<{width}}  {'mesh':<16} {'dtype':<9} {'shard':>8} {'time us':>10} "
+                 f"{'vs base':>8} {'recv B/dev':>11} {'size B':>10} {'algbw GB/s':>10} "
+                 f"{'busbw GB/s':>10}"]  # fmt: skip
+        for r in sorted(recs, key=lambda r: (r.mesh, r.dtype, r.shard_bytes, not r.baseline, r.impl)):
+            ratio = base.get((r.mesh, r.dtype, r.shard_bytes))
             vs = f"{r.median_s / ratio:8.2f}" if ratio else f"{'n/a':>8}"
-            head = f"{r.impl:<{width}}  {r.mesh:<12} {r.shard_bytes:>8} {r.median_s * 1e6:>10.1f} {vs} "
+            head = (f"{r.impl:<{width}}  {r.mesh:<16} {r.dtype:<9} {r.shard_bytes:>8} "
+                    f"{r.median_s * 1e6:>10.1f} {vs} ")  # fmt: skip
             lines.append(
                 head + f"{r.received_bytes:>11} {r.size_bytes:>10} {_rate(r.algbw)} {_rate(r.busbw)}"
             )

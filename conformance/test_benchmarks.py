@@ -16,6 +16,11 @@ to the baseline measured in the same run on the same mesh and size, the bytes a 
 On a CPU host these are CPU figures (XLA CPU's collectives are memory copies between simulated
 devices, and Pallas kernels run in interpret mode) and the table says so; the same command on a
 GPU or TPU host measures the real ones.
+
+The ``send_recv`` family is timed per route (``4-disjoint``: four pairs of distinct devices, across
+processes in a job; ``4-permuted``: the same devices in reverse order) and dtype, one shard of
+``shard`` bytes per device pair, nccl-tests' ``sendrecv`` figures: ``size`` is the bytes one pair
+moves, ``busbw = algbw``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import math
 import jax
 import pytest
 
-from conformance import bench, claims, compat, registry, runner, specs
+from conformance import bench, claims, compat, registry, runner, specs, transfers
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
 from conformance.runner import Case
 
@@ -34,6 +39,14 @@ pytestmark = pytest.mark.benchmark
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
+    if metafunc.function is test_benchmark_send_recv:
+        sizes = bench.size_ladder(config.getoption("bench_sizes"))
+        impls = [i.name for i in registry.registered("send_recv", config.getoption("impl"))]
+        metafunc.parametrize("implementation", impls)
+        metafunc.parametrize("route", SEND_RECV_ROUTES, ids=[r.label for r in SEND_RECV_ROUTES])
+        metafunc.parametrize("dtype", SEND_RECV_DTYPES)
+        metafunc.parametrize("shard_bytes", sizes, ids=[f"{s}B" for s in sizes])
+        return
     labels = [m.strip() for m in config.getoption("bench_meshes").split(",") if m.strip()]
     meshes = [parse_mesh(label) for label in labels]
     sizes = bench.size_ladder(config.getoption("bench_sizes"))
@@ -91,6 +104,49 @@ def test_benchmark(
     bench.RECORDS.append(row)
     benchmark.extra_info.update(
         family=family, mesh=row.mesh, platform=platform, dims=row.dims, size_bytes=row.size_bytes,
+        received_bytes_per_device=row.received_bytes, algbw_bytes_per_s=row.algbw,
+        busbw_bytes_per_s=row.busbw,
+    )  # fmt: skip
+    assert math.isfinite(row.median_s) and row.median_s > 0, row
+
+
+#: send_recv: where the shards go (see :mod:`conformance.transfers`) and in which dtypes.
+SEND_RECV_ROUTES = tuple(r for r in transfers.ROUTES if r.label in ("4-disjoint", "4-permuted"))
+SEND_RECV_DTYPES = ("float32", "bfloat16")
+
+
+def test_benchmark_send_recv(
+    benchmark, implementation: str, route: transfers.Route, dtype: str, shard_bytes: int, request
+) -> None:
+    platform = bench.preferred_platform()
+    record = registry.get("send_recv", implementation)
+    why = record.claims(platform=platform, dtype=dtype, dims={}, mesh_shape={"x": route.size},
+                        axis_size=route.size)  # fmt: skip
+    if why is not None:
+        raise claims.NotClaimed(implementation, why)
+    missing = record.missing_requirement()
+    if missing is not None:
+        pytest.skip(f"{implementation}: {missing}")
+    devices = jax.devices(platform)
+    if len(devices) < route.num_devices:
+        pytest.skip(
+            f"{implementation}: route {route.label} needs {route.num_devices} devices, found {len(devices)}"
+        )
+    itemsize = transfers.np_dtype(dtype).itemsize
+    layout = transfers.Layout("bench", (route.size * (shard_bytes // itemsize),), transfers.P("x"))
+    t = transfers.Transfer(implementation, platform, route, layout, dtype, 0, "").prepare(tuple(devices))
+    jax.block_until_ready(record.fn(t.x, dst=t.dst))  # compiled, connected and run once before timing
+    rounds = request.config.getoption("bench_rounds")
+    benchmark.pedantic(lambda: jax.block_until_ready(record.fn(t.x, dst=t.dst)), rounds=rounds, iterations=1,
+                       warmup_rounds=1)  # fmt: skip
+    row = bench.BenchRecord(
+        family="send_recv", impl=implementation, baseline=record.baseline, mesh=route.label, ring=route.size,
+        shard_bytes=shard_bytes, dims=f"{route.size} pairs", median_s=benchmark.stats.stats.median,
+        size_bytes=shard_bytes, received_bytes=shard_bytes, platform=platform, dtype=dtype,
+    )  # fmt: skip
+    bench.RECORDS.append(row)
+    benchmark.extra_info.update(
+        family="send_recv", mesh=row.mesh, platform=platform, dtype=dtype, size_bytes=row.size_bytes,
         received_bytes_per_device=row.received_bytes, algbw_bytes_per_s=row.algbw,
         busbw_bytes_per_s=row.busbw,
     )  # fmt: skip

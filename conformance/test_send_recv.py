@@ -142,3 +142,21 @@ def test_resources(request, implementation: str, platform: str, route: Route) ->
 def test_no_pickle(request, implementation: str, platform: str, route: Route) -> None:
     """No pickle load during a transfer; no pickle stream written to the key-value store."""
     run(transfers.check_no_pickle, transfer(request, implementation, platform, route))
+
+
+#: The timeout check's routes: out of process 0 and back into it (in 2 x 4 every rank is one or
+#: the other; in 8 x 1 four ranks receive from four others).
+TIMEOUT_ROUTES = tuple(r for r in ROUTES if r.label in ("4-disjoint", "4-disjoint_back"))
+
+
+@pytest.mark.parametrize("route", TIMEOUT_ROUTES, ids=[r.label for r in TIMEOUT_ROUTES])
+def test_timeout(request, implementation: str, platform: str, route: Route) -> None:
+    """Where claimed (``accepts_timeout``), in a job: receivers alone call with ``timeout=1`` and get
+    ``TimeoutError`` naming the peer within seconds; a transfer by every rank then works."""
+    impl = registry.get(FAMILY, implementation)
+    if not impl.accepts_timeout:
+        raise claims.NotClaimed(implementation, "does not accept timeout= (not declared at registration)")
+    if not distributed.is_multi_process():
+        pytest.skip(f"{implementation}: the timeout check needs a job of 2 or more processes, where one "
+                    "side can stay away (python -m conformance launch --processes 2 ...)")  # fmt: skip
+    run(transfers.check_timeout, transfer(request, implementation, platform, route))

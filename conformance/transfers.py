@@ -24,6 +24,7 @@ import os
 import pickle
 import pickletools
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 import jax
@@ -31,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from conformance import registry
+from conformance import registry, runner
 from conformance.checks import ConformanceFailure, error_text
 from conformance.specs.send_recv import np_dtype
 
@@ -241,15 +242,15 @@ class Transfer:
         return self
 
     def call(self, check: str, **kwargs) -> jax.Array:
-        """One call of the implementation, waited for; an exception is the check's failure."""
+        """One call of the implementation, waited for (at most :func:`call_timeout_s`); an exception
+        or a hang is the check's failure."""
         try:
-            out = self.implementation.fn(self.x, dst=self.dst, **kwargs)
-            if isinstance(out, jax.Array):
-                out.block_until_ready()
+            return bounded_call(self, check, lambda: self.implementation.fn(self.x, dst=self.dst, **kwargs))
+        except ConformanceFailure:
+            raise
         except Exception as e:
             raise self.fail(check, f"raised {type(e).__name__} on a destination the contract allows",
                             [f"error          : {error_text(e)}"]) from None  # fmt: skip
-        return out
 
     def header(self) -> list[str]:
         src_ids = [d.id for d in self.src.mesh.devices.flat] if self.src is not None else []
@@ -267,6 +268,87 @@ class Transfer:
         failure = ConformanceFailure("\n".join(lines))
         failure.check, failure.what = check, what
         return failure
+
+
+# -- bounded calls ---------------------------------------------------------------------------------
+
+#: One call of an implementation, its first compile included, may take this many times
+#: ``--hang-timeout`` (60 s by default) before the check fails it as hung. A transfer whose peer
+#: never comes waits forever in most implementations (a blocking NCCL receive, a pull whose offer
+#: never comes); the run must still end.
+CALL_TIMEOUT_HANG_TIMEOUTS = 3
+
+
+def call_timeout_s() -> float:
+    return CALL_TIMEOUT_HANG_TIMEOUTS * runner.HANG_TIMEOUT_S
+
+
+class _Caller:
+    """One daemon thread that runs calls for the checks, so that a call that never returns leaves
+    the check able to fail (the thread is abandoned; being a daemon it does not hold the exit)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._todo: list = []
+        self._ready = threading.Condition(self._lock)
+        #: implementation -> where a call of it hung; later calls fail at once
+        self.hung: dict[str, str] = {}
+
+    def _loop(self) -> None:
+        while True:
+            with self._ready:
+                while not self._todo:
+                    self._ready.wait()
+                fn, box, done = self._todo.pop(0)
+            try:
+                out = fn()
+                if isinstance(out, jax.Array):
+                    out.block_until_ready()
+                box.append(("returned", out))
+            except BaseException as e:  # handed to the waiting check, which re-raises it
+                box.append(("raised", e))
+            done.set()
+
+    def run(self, fn: Callable[[], object], timeout: float) -> tuple[str, object] | None:
+        """``("returned", value)`` or ``("raised", exception)``; ``None`` if ``fn`` did not end within
+        ``timeout`` seconds (its thread is then given up and the next call gets a new one)."""
+        box: list = []
+        done = threading.Event()
+        with self._ready:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="conformance-transfer-call",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            self._todo.append((fn, box, done))
+            self._ready.notify()
+        if not done.wait(timeout):
+            with self._lock:
+                self._thread, self._todo = None, []
+            return None
+        return box[0]
+
+
+_CALLER = _Caller()
+
+
+def bounded_call(t: Transfer, check: str, fn: Callable[[], object], *, timeout: float | None = None):
+    """``fn()`` (its result waited for) run on the caller thread; an exception propagates, a call
+    that does not return within ``timeout`` (default :func:`call_timeout_s`) fails the check, and
+    every later call of that implementation in this process fails at once, naming where it hung."""
+    limit = call_timeout_s() if timeout is None else timeout
+    if t.impl in _CALLER.hung:
+        raise t.fail(check, "not run: an earlier call of this implementation never returned",
+                     [f"hung in         : {_CALLER.hung[t.impl]}"])  # fmt: skip
+    outcome = _CALLER.run(fn, limit)
+    if outcome is None:
+        _CALLER.hung[t.impl] = f"{check}, {t.route.label}, {t.layout.describe()}, {t.dtype}"
+        raise t.fail(check, f"did not return within {limit:g} s (hung); its later checks in this process "
+                     "fail at once", ["a transfer must end, or raise, when its peer takes part"])  # fmt: skip
+    kind, value = outcome
+    if kind == "raised":
+        raise value
+    return value
 
 
 def _bytes_view(a: np.ndarray) -> np.ndarray:
@@ -402,9 +484,9 @@ def _spec_text(spec: P) -> str:
 def check_bad_destination(t: Transfer, what: str, dst: NamedSharding, must: list[str]) -> None:
     """A destination the contract forbids is refused with an error naming both shardings."""
     try:
-        out = t.implementation.fn(t.x, dst=dst)
-        if isinstance(out, jax.Array):
-            out.block_until_ready()
+        out = bounded_call(t, "bad_destination", lambda: t.implementation.fn(t.x, dst=dst))
+    except ConformanceFailure:
+        raise
     except Exception as e:
         text = str(e).replace("PartitionSpec(", "P(")
         missing = [m for m in must if m not in text]
@@ -420,6 +502,64 @@ def check_bad_destination(t: Transfer, what: str, dst: NamedSharding, must: list
         f"accepted {what} instead of refusing it",
         [f"destination    : {dst!r}", f"returned       : {getattr(out, 'sharding', type(out))!r}"],
     )
+
+
+#: The timeout check: the receiving ranks alone call with ``timeout=TIMEOUT_GIVEN_S`` and must raise
+#: ``TimeoutError`` within ``TIMEOUT_RAISE_WITHIN_S`` ("within a few seconds": the peer's absence is
+#: known after the timeout; the rest is the implementation giving up and unwinding).
+TIMEOUT_GIVEN_S, TIMEOUT_RAISE_WITHIN_S = 1.0, 10.0
+
+
+def _names_a_peer(text: str, peers: list[jax.Device]) -> bool:
+    """Whether ``text`` names one of ``peers``: its process (``process 3``, ``rank 3``) or the device."""
+    names = {f"{word} {d.process_index}" for d in peers for word in ("process", "rank")}
+    names |= {str(d) for d in peers} | {f"device {d.id}" for d in peers}
+    return any(name in text for name in names)
+
+
+def check_timeout(t: Transfer) -> None:
+    """In a job of 2 or more processes, the ranks that only receive call with ``timeout=1`` while the
+    senders stay away: ``TimeoutError`` naming a peer within 10 s. Then every rank transfers, and
+    that transfer is bit-exact (a timed-out call must not leave the implementation out of step)."""
+    from conformance import distributed
+
+    me = jax.process_index()
+    senders = [d for d in t.src.mesh.devices.flat if d.process_index != me]
+    receives_only = any(d.process_index == me for d in t.dst.mesh.devices.flat) and not any(
+        d.process_index == me for d in t.src.mesh.devices.flat
+    )
+    failure: ConformanceFailure | None = None
+    if receives_only:
+        start = time.monotonic()
+        try:
+            bounded_call(t, "timeout", lambda: t.implementation.fn(t.x, dst=t.dst, timeout=TIMEOUT_GIVEN_S),
+                         timeout=TIMEOUT_RAISE_WITHIN_S)  # fmt: skip
+            failure = t.fail("timeout", f"returned although no sender called (timeout={TIMEOUT_GIVEN_S:g})")
+        except TimeoutError as e:
+            took = time.monotonic() - start
+            if not _names_a_peer(str(e), senders):
+                failure = t.fail("timeout", "raised TimeoutError without naming the peer that never came",
+                                 [f"error          : TimeoutError: {e}",
+                                  f"peers          : {sorted({d.process_index for d in senders})} "
+                                  "(name the process, rank or device)"])  # fmt: skip
+            elif took > TIMEOUT_RAISE_WITHIN_S:
+                failure = t.fail("timeout", f"raised TimeoutError {took:.1f} s after a {TIMEOUT_GIVEN_S:g} s "
+                                 f"timeout (at most {TIMEOUT_RAISE_WITHIN_S:g} s)")  # fmt: skip
+        except ConformanceFailure as e:  # hung: it never raised
+            failure = e
+        except Exception as e:
+            failure = t.fail("timeout", f"raised {type(e).__name__}, not TimeoutError, when the peer never "
+                             "came", [f"error          : {error_text(e)}"])  # fmt: skip
+    # Every rank waits here until the receivers are done, then all transfer together.
+    distributed.exchange("timeout", "failed" if failure else "ok")
+    try:
+        check_values(t)
+    except ConformanceFailure as e:
+        if failure is None:
+            failure = t.fail("timeout", "the transfer after a timed-out call is wrong",
+                             [line.strip() for line in str(e).splitlines()[:3]])  # fmt: skip
+    if failure is not None:
+        raise failure
 
 
 def open_resources() -> dict[str, int]:

@@ -32,7 +32,10 @@ EXPECTED_REJECTION = {
     "broken_sr_thread_per_call": "test_resources",
     "broken_sr_seed_stream_cache": "test_resources",
     "broken_sr_pickles_unique_id": "test_no_pickle",
+    "broken_sr_hangs_on_empty_shards": "test_values",
 }
+#: what the failure must say, where the check has more than one way to fail
+EXPECTED_MESSAGE = {"broken_sr_hangs_on_empty_shards": "did not return within 9 s (hung)"}
 #: GPU only (real NCCL): the seed's defects, each rejected by its check.
 EXPECTED_REJECTION_GPU = {
     "broken_nccl_seed_stream_cache": "test_resources",
@@ -68,6 +71,20 @@ def broken_sr_flips_low_bit(x, *, dst):
             flat[-1] ^= 1
         copies[d] = jax.device_put(host, d)
     return _assemble(x, dst, copies)
+
+
+#: What the hanging kernel waits on: nothing ever sets it.
+_NEVER = threading.Event()
+
+
+@conformance.register(FAMILY, name="broken_sr_hangs_on_empty_shards")
+def broken_sr_hangs_on_empty_shards(x, *, dst):
+    """Waits forever for a shard of zero elements, as a pull of a zero-byte buffer from JAX's
+    transfer server did (found by the values check); the check's call bound must end it."""
+    validate_destination("broken_sr_hangs_on_empty_shards", x, dst)
+    if x.size == 0:
+        _NEVER.wait()
+    return _assemble(x, dst, _copies(x, dst))
 
 
 @conformance.register(FAMILY, name="broken_sr_canonicalizes_nan")
@@ -257,3 +274,84 @@ def broken_sr_publishes_pickle(x, *, dst):
     from conformance.kernels.send_recv.xla import xla_device_put
 
     return xla_device_put(x, dst=dst)
+
+
+# -- timeout= (checked in a job of 2 or more processes only) --------------------------------------
+
+
+class KeyValueTransfer:
+    """Shards through the job's key-value store as raw bytes: the sender sets one key per shard, the
+    receiver waits for it (``blocking_key_value_get_bytes``, bounded by ``timeout``) and deletes it.
+    Pairs inside one process are a ``device_put``. Call ``n`` uses keys ``.../n/<pair>``; a call that
+    times out does not use up its number (the sender never reached it), so the next call of both
+    sides meets under the same keys. The knobs break that, one way each."""
+
+    def __init__(self, name: str, *, honours_timeout: bool = True, error: type[Exception] = TimeoutError,
+                 counts_timed_out_calls: bool = False) -> None:  # fmt: skip
+        self.name, self.honours_timeout, self.error = name, honours_timeout, error
+        self.counts_timed_out_calls = counts_timed_out_calls
+        self.calls = 0
+
+    def __call__(self, x, *, dst, timeout: float | None = None):
+        from conformance import distributed
+
+        src = validate_destination(self.name, x, dst)
+        me, call = jax.process_index(), self.calls
+        shards = {s.device: s.data for s in x.addressable_shards}
+        shard_shape = dst.shard_shape(x.shape)
+        client = distributed.client()
+        key = f"conformance/selftest/{self.name}/{call}/{{pair}}"
+        for k, (s, d) in enumerate(device_pairs(src, dst)):
+            if s.process_index == me and d.process_index != me:
+                client.key_value_set_bytes(key.format(pair=k), np.asarray(shards[s]).tobytes())
+        copies = {}
+        for k, (s, d) in enumerate(device_pairs(src, dst)):
+            if d.process_index != me:
+                continue
+            if s.process_index == me:
+                copies[d] = jax.device_put(shards[s], d)
+                continue
+            wait_s = timeout if (timeout is not None and self.honours_timeout) else 15.0
+            try:
+                raw = client.blocking_key_value_get_bytes(key.format(pair=k), int(wait_s * 1000))
+            except Exception as e:
+                if self.counts_timed_out_calls:
+                    self.calls += 1
+                if timeout is None or self.error is not TimeoutError:
+                    raise
+                raise TimeoutError(f"{self.name}: process {s.process_index} (device {s.id}) sent nothing "
+                                   f"within {timeout:g} s") from e  # fmt: skip
+            client.key_value_delete(key.format(pair=k))
+            host = np.frombuffer(raw, dtype=x.dtype).reshape(shard_shape)
+            copies[d] = jax.device_put(host, d)
+        self.calls += 1
+        local = [d for d in dst.mesh.devices.flat if d.process_index == me]
+        arrays = [copies[d] for d in local]
+        return jax.make_array_from_single_device_arrays(x.shape, dst, arrays, dtype=x.dtype)
+
+
+def _key_value_kernel(name: str, **knobs):
+    transfer = KeyValueTransfer(name, **knobs)
+
+    def kernel(x, *, dst, timeout: float | None = None):
+        return transfer(x, dst=dst, timeout=timeout)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = KeyValueTransfer.__doc__
+    return kernel
+
+
+#: In a job, these claim ``timeout=``: the correct one passes the timeout check, each broken one fails it.
+TIMEOUT_CORRECT = "correct_sr_key_value_store"
+EXPECTED_REJECTION_TIMEOUT = {
+    "broken_sr_timeout_ignored": "did not return within 10 s",  # waits 15 s, past the bound
+    "broken_sr_timeout_raises_runtime_error": "not TimeoutError",
+    "broken_sr_timeout_loses_its_place": "the transfer after a timed-out call is wrong",
+}
+for _name, _knobs in (
+    (TIMEOUT_CORRECT, {}),
+    ("broken_sr_timeout_ignored", {"honours_timeout": False}),
+    ("broken_sr_timeout_raises_runtime_error", {"error": RuntimeError}),
+    ("broken_sr_timeout_loses_its_place", {"counts_timed_out_calls": True}),
+):
+    conformance.register(FAMILY, name=_name, accepts_timeout=True)(_key_value_kernel(_name, **_knobs))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +22,21 @@ def test_a_tiny_ladder_prints_one_table_per_family_and_writes_json(tmp_path: Pat
            f"--benchmark-json={out}"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for family in ("all_gather", "allgather_matmul", "matmul_reduce_scatter"):
+    for family in ("all_gather", "allgather_matmul", "matmul_reduce_scatter", "send_recv"):
         assert f"benchmark {family} on cpu" in proc.stdout, proc.stdout[-3000:]
     assert "CPU figures" in proc.stdout
     data = json.loads(out.read_text())
     rows = {b["name"]: b for b in data["benchmarks"]}
-    assert len(rows) == 9, sorted(rows)  # every built-in implementation, baselines included
-    for row in rows.values():
+    transfers = {k: v for k, v in rows.items() if k.startswith("test_benchmark_send_recv[")}
+    # every built-in implementation, baselines included; send_recv: the two that run on CPU x 2 routes
+    # x 2 dtypes (NCCL needs a GPU)
+    assert len(rows) - len(transfers) == 9 and len(transfers) == 8, sorted(rows)
+    for name, row in rows.items():
         info = row["extra_info"]
-        assert info["algbw_bytes_per_s"] > 0 and info["busbw_bytes_per_s"] == info["algbw_bytes_per_s"] / 2
+        ring = 1 if name in transfers else 2  # sendrecv: busbw = algbw; a ring of 2: half of it
+        assert info["algbw_bytes_per_s"] > 0 and info["busbw_bytes_per_s"] == info["algbw_bytes_per_s"] / ring
         assert info["received_bytes_per_device"] > 0 and row["stats"]["median"] > 0
+    assert re.search(r"jax_transfer_server +4-disjoint +bfloat16 +2048 .* +[0-9.]+ +2048 +2048 ", proc.stdout)
 
 
 def test_the_default_cpu_run_times_nothing() -> None:

@@ -114,3 +114,26 @@ def test_send_recv_across_processes(tmp_path: Path) -> None:
     } <= failed
     assert "key_value_set_bytes(" in out and "failed on ranks: 0, 1 of 2" in out
     assert re.search(r"send_recv/xla_device_put +ok +20P", out), out[-3000:]
+    # the job's devices are 4 per process: process 1's device ids start at 2048 (the plugin once
+    # gave every process 8, and every route stayed inside process 0)
+    assert "devices [0, 1, 2, 3] -> [2048, 2049, 2050, 2051]" in out, out[-3000:]
+
+
+def test_timeout_is_checked_where_one_side_stays_away(tmp_path: Path) -> None:
+    """Receivers alone call with ``timeout=1``: the key-value kernel raises TimeoutError naming the
+    sender and its next transfer works; one that ignores the timeout, one that raises JAX's own
+    error and one that loses its place after a timeout are each rejected by the timeout check."""
+    from conformance.selftest import broken_send_recv_kernels as kernels
+
+    impls = ",".join([kernels.TIMEOUT_CORRECT, *kernels.EXPECTED_REJECTION_TIMEOUT])
+    done, took = _launch(tmp_path, f"--kernels={kernels.__name__}", f"--impl={impls}", "-k", "test_timeout",
+                         "--hang-timeout=20", timeout=300)  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 1, out[-5000:]
+    failed = {line.split("::", 1)[1] for line in out.splitlines() if line.startswith("FAILED ")}
+    assert not [t for t in failed if kernels.TIMEOUT_CORRECT in t], failed
+    assert re.search(rf"send_recv/{kernels.TIMEOUT_CORRECT} +ok +2P", out), out[-3000:]
+    for impl, message in kernels.EXPECTED_REJECTION_TIMEOUT.items():
+        assert any(impl in t for t in failed), (impl, failed)
+        assert re.search(rf"\[timeout\] send_recv/{impl}: .*{re.escape(message)}", out), (impl, out[-4000:])
+    assert took < 120, took

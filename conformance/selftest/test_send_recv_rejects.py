@@ -24,6 +24,8 @@ MODULE = kernels.__name__
 #: The values check of a broken kernel runs on two dtypes here (every dtype in the family's own run):
 #: each failure costs a report, and two show each defect.
 NARROW = {"test_values": " and (bfloat16 or float32)"}
+#: ``--hang-timeout`` of the run: the hanging kernel's first call costs 3 times this, once.
+HANG_TIMEOUT_S = 3
 
 
 @functools.cache
@@ -36,6 +38,7 @@ def verdicts(tmp_dir: str) -> dict[str, dict[str, list[tuple[str, str]]]]:
     targeted += " or correct_sr_ or broken_nccl_"
     command = [sys.executable, "-m", "pytest", "--pyargs", "conformance.test_send_recv", "-m", "cpu",
                f"--kernels={MODULE}", "-k", targeted, "-p", "no:cacheprovider", "-q",
+               f"--hang-timeout={HANG_TIMEOUT_S}",
                f"--junitxml={report}"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_dir)
     assert report.exists(), done.stdout[-3000:] + done.stderr[-3000:]
@@ -68,6 +71,8 @@ def test_each_broken_kernel_is_rejected_by_its_check(run, impl: str) -> None:
     failed = [m for o, m in outcomes if o == "failed"]
     assert failed, f"{impl}: {test} did not fail: {outcomes[:3]}"
     assert f"send_recv/{impl}" in failed[0] and "replay" in failed[0], failed[0]
+    if impl in kernels.EXPECTED_MESSAGE:
+        assert any(kernels.EXPECTED_MESSAGE[impl] in m for m in failed), failed[0]
 
 
 @pytest.mark.parametrize("impl", kernels.CORRECT)
