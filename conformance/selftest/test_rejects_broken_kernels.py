@@ -58,7 +58,17 @@ BUILTINS = {
 }
 #: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of 4 and
 #: a 2-D mesh and the longest ring, plus the mesh-less tests.
-BUILTIN_SUBSET = "-4-x-explicit or -2x4-y-auto or -8-x-explicit or test_tpu_layout or seed or tpu_refusals"
+SUBSET_MESHES = ("4-x-explicit", "2x4-y-auto", "8-x-explicit")
+BUILTIN_SUBSET = " or ".join(f"-{m}" for m in SUBSET_MESHES) + " or test_tpu_layout or seed or tpu_refusals"
+#: ``CONFORMANCE_SELFTEST_SCOPE=versions`` (the cpu-oldest and cpu-newest envs): is each broken kernel
+#: still rejected, and each correct one of another style still passed, on this JAX? The built-ins are
+#: left out (the env's cpu run just ran them on every mesh) and every kernel runs on the subset's
+#: meshes only; the every-mesh assertions run in the selftest env (``full``, the default).
+SCOPE = os.environ.get("CONFORMANCE_SELFTEST_SCOPE", "full")
+if SCOPE not in ("full", "versions"):
+    raise ValueError(f"CONFORMANCE_SELFTEST_SCOPE={SCOPE!r}: expected 'full' or 'versions'")
+#: the meshes each kernel meets in this run
+MESHES_RUN = len(MESH_CONFIGS) if SCOPE == "full" else len(SUBSET_MESHES)
 #: The end of every skip reason for a case this host cannot run (compat.interpret_mode_limit).
 CANNOT_RUN_HERE = "a TPU, more cores or a newer JAX can run the case"
 #: A defect that needs an odd shape: it fails the fixed-shape checks at the odd shape only.
@@ -91,7 +101,8 @@ def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]]
         for impl, tests in broken_overlap_kernels.EXPECTED_PASS.items()
     )
     cmd = [sys.executable, "-m", "pytest", "conformance", "-m", "cpu", "-q", "-p", "no:cacheprovider",
-           "-k", f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {targeted}",
+           "-k", (f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {targeted}" if SCOPE == "full"
+                  else f"({targeted}) and ({BUILTIN_SUBSET})"),
            f"--kernels={KERNEL_MODULES}", f"--hang-timeout={HANG_TIMEOUT_S}",
            f"--junitxml={report}"]  # fmt: skip
     if LAUNCH:  # the same run as one job of P processes x K devices; each rank its own JUnit file
@@ -141,6 +152,8 @@ def verdicts(suite):
 
 @pytest.mark.parametrize("impl", sorted(BUILTINS))
 def test_builtin_passes_every_check(verdicts, impl: str) -> None:
+    if SCOPE == "versions":
+        pytest.skip(f"{impl}: CONFORMANCE_SELFTEST_SCOPE=versions leaves the built-ins to this env's cpu run")
     tests = verdicts[impl]
     assert tests, f"{impl} was not run at all"
     for test, outcomes in tests.items():
@@ -173,7 +186,7 @@ def test_an_overlap_defect_passes_every_other_check(verdicts, impl: str) -> None
         bad = [o for o in outcomes if o[0] != "passed"]
         assert not bad, f"{impl} {test}: {bad[0][0]}: {bad[0][1][:2000]}"
     rejected = verdicts[impl]["test_overlap"]
-    assert len(rejected) == 2 * len(MESH_CONFIGS) and all(o == "failed" for o, _ in rejected), rejected
+    assert len(rejected) == 2 * MESHES_RUN and all(o == "failed" for o, _ in rejected), rejected
 
 
 @pytest.mark.parametrize("impl", sorted(EXPECTED_REJECTION))
@@ -197,7 +210,7 @@ def test_truncating_kernel_fails_bad_inputs_on_every_mesh_type_for_its_real_reas
     """On an Explicit mesh JAX refuses replicated inputs before the kernel sees them, with a message
     that names the array's shape; the verdict must come from the kernel's own behaviour instead."""
     outcomes = verdicts["broken_truncates_indivisible_rows"]["test_bad_inputs"]
-    assert len(outcomes) == len(MESH_CONFIGS), outcomes  # every mesh, Auto and Explicit
+    assert len(outcomes) == MESHES_RUN, outcomes  # every mesh, Auto and Explicit
     for outcome, message in outcomes:
         assert outcome == "failed", (outcome, message)
         assert "returned a result of shape" in message, message
@@ -207,8 +220,8 @@ def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized
     verdicts, output = suite
     outcomes = verdicts[ODD_ROWS]["test_output_sharding"]
     names = [message for outcome, message in outcomes if outcome == "failed"]
-    assert len(outcomes) == 2 * len(MESH_CONFIGS), outcomes  # every mesh, at both fixed shapes
-    assert len(names) == len(MESH_CONFIGS), outcomes  # the odd half
+    assert len(outcomes) == 2 * MESHES_RUN, outcomes  # every mesh, at both fixed shapes
+    assert len(names) == MESHES_RUN, outcomes  # the odd half
     assert all("rows_per_shard=3" in message for message in names), names[0]
     summary = output[output.index("conformance failures by implementation") :]
     block = summary[summary.index(f"\nall_gather/{ODD_ROWS}:") :]
@@ -221,7 +234,7 @@ def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized
 
 def test_a_hang_beyond_the_watchdog_ends_with_a_verdict_and_the_kernel_is_not_run_again(verdicts) -> None:
     outcomes = verdicts["broken_pallas_blocks_beyond_the_watchdog"]["test_output_sharding"]
-    assert [o for o, _ in outcomes] == ["failed"] * 2 * len(MESH_CONFIGS), outcomes
+    assert [o for o, _ in outcomes] == ["failed"] * 2 * MESHES_RUN, outcomes
     first, *rest = (message for _, message in outcomes)
     assert "threads were stuck at" in first and "_wait_forever: _NEVER.wait()" in first, first
     assert all("not run again: it hung on" in message for message in rest), rest[0]
