@@ -1,4 +1,4 @@
-"""What every send_recv implementation checks before it moves a byte."""
+"""What every send_recv implementation checks before it moves a byte, and the job's key-value store."""
 
 from __future__ import annotations
 
@@ -47,3 +47,13 @@ def validate_destination(name: str, x: jax.Array, dst: NamedSharding) -> NamedSh
 def device_pairs(src: NamedSharding, dst: NamedSharding) -> list[tuple[jax.Device, jax.Device]]:
     """``(source device, destination device)`` for each position of the two mesh device arrays."""
     return list(zip(src.mesh.devices.flat, dst.mesh.devices.flat, strict=True))
+
+
+def key_value_client(name: str):
+    """The ``jax.distributed`` key-value client of this job; raises naming ``name`` outside a job."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError(f"{name}: devices of other processes but no jax.distributed client")
+    return client

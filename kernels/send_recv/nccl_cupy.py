@@ -150,20 +150,13 @@ def _stream(device):
     return stream
 
 
-def _kv_client():
-    from jax._src import distributed
-
-    client = distributed.global_state.client
-    if client is None:
-        raise RuntimeError("nccl_send_recv: devices of other processes but no jax.distributed client")
-    return client
-
-
 def _ensure_communicators(needed: list[tuple[str, list[int], object]], comms: dict, id_transport) -> None:
     """Create, in one NCCL group, the communicators of ``(key, device ids, local device)`` not in
     ``comms``; ``id_transport`` (the self-tests') stands between making an id and using it."""
     import cupy
     import jax
+
+    from conformance.kernels.send_recv._validation import key_value_client
 
     nccl = _nccl()
     missing = list({(k, d.id): (k, ids, d) for k, ids, d in needed if (k, d.id) not in comms}.values())
@@ -180,9 +173,9 @@ def _ensure_communicators(needed: list[tuple[str, list[int], object]], comms: di
         if leader.process_index == jax.process_index():
             raw = encode_unique_id(nccl.get_unique_id())
             if any(by_id[i].process_index != leader.process_index for i in ids):
-                _kv_client().key_value_set_bytes(key, raw)
+                key_value_client("nccl_send_recv").key_value_set_bytes(key, raw)
         else:
-            raw = _kv_client().blocking_key_value_get_bytes(key, ID_TIMEOUT_MS)
+            raw = key_value_client("nccl_send_recv").blocking_key_value_get_bytes(key, ID_TIMEOUT_MS)
         ids_by_key[key] = raw if id_transport is None else id_transport(raw)
     nccl.groupStart()
     try:

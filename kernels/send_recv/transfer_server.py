@@ -43,7 +43,7 @@ import numpy as np
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
 import conformance
-from conformance.kernels.send_recv._validation import device_pairs, validate_destination
+from conformance.kernels.send_recv._validation import device_pairs, key_value_client, validate_destination
 
 #: Key-value store key under which process ``p`` publishes its server's address.
 ADDRESS_KEY = "conformance/transfer_server/{process}"
@@ -62,15 +62,6 @@ def _transfer():
     return transfer
 
 
-def _kv_client():
-    from jax._src import distributed
-
-    client = distributed.global_state.client
-    if client is None:
-        raise RuntimeError("jax_transfer_server: devices of other processes but no jax.distributed client")
-    return client
-
-
 def server():
     """This process's transfer server, started (and its address published) on first use."""
     global _server
@@ -81,7 +72,7 @@ def server():
             _server = _transfer().start_transfer_server(client, f"{host}:0", [f"{host}:0"])
             if jax.process_count() > 1:
                 key = ADDRESS_KEY.format(process=jax.process_index())
-                _kv_client().key_value_set(key, _server.address())
+                key_value_client("jax_transfer_server").key_value_set(key, _server.address())
         return _server
 
 
@@ -94,7 +85,8 @@ def connection(process: int):
                 address = own.address()
             else:
                 key = ADDRESS_KEY.format(process=process)
-                address = _kv_client().blocking_key_value_get(key, ADDRESS_TIMEOUT_MS)
+                client = key_value_client("jax_transfer_server")
+                address = client.blocking_key_value_get(key, ADDRESS_TIMEOUT_MS)
             _connections[process] = own.connect(address)
         return _connections[process]
 
