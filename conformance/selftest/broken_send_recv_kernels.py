@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -312,15 +313,14 @@ class KeyValueTransfer:
                 copies[d] = jax.device_put(shards[s], d)
                 continue
             wait_s = timeout if (timeout is not None and self.honours_timeout) else 15.0
-            try:
-                raw = client.blocking_key_value_get_bytes(key.format(pair=k), int(wait_s * 1000))
-            except Exception as e:
+            raw = _poll_bytes(client, key.format(pair=k), wait_s)
+            if raw is None:
                 if self.counts_timed_out_calls:
                     self.calls += 1
                 if timeout is None or self.error is not TimeoutError:
-                    raise
+                    raise self.error(f"DEADLINE_EXCEEDED: {key.format(pair=k)} not set within {wait_s:g} s")
                 raise TimeoutError(f"{self.name}: process {s.process_index} (device {s.id}) sent nothing "
-                                   f"within {timeout:g} s") from e  # fmt: skip
+                                   f"within {timeout:g} s")  # fmt: skip
             client.key_value_delete(key.format(pair=k))
             host = np.frombuffer(raw, dtype=x.dtype).reshape(shard_shape)
             copies[d] = jax.device_put(host, d)
@@ -328,6 +328,19 @@ class KeyValueTransfer:
         local = [d for d in dst.mesh.devices.flat if d.process_index == me]
         arrays = [copies[d] for d in local]
         return jax.make_array_from_single_device_arrays(x.shape, dst, arrays, dtype=x.dtype)
+
+
+def _poll_bytes(client, key: str, wait_s: float) -> bytes | None:
+    """The bytes at ``key`` once set, or ``None`` after ``wait_s``. Polled: under JAX 0.6.2 a
+    ``blocking_key_value_get`` left waiting in one thread stalled the job's other key-value calls."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return client.key_value_try_get_bytes(key)
+        except Exception:  # NOT_FOUND: not set yet
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
 
 
 def _key_value_kernel(name: str, **knobs):
