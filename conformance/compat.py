@@ -32,6 +32,15 @@ def configure_cpu_devices(count: int) -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
+def allow_arrays_without_local_shards() -> None:
+    """In a job, a process may hold no shard of an array (a send_recv destination on other processes,
+    which every process still calls ``fn`` for). JAX 0.6.2 builds such an array only with
+    ``jax_enable_empty_arrays`` set (``make_array_from_callback`` raises otherwise); later JAX has no
+    flag and always does."""
+    if "jax_enable_empty_arrays" in jax.config.values:
+        jax.config.update("jax_enable_empty_arrays", True)
+
+
 def ensure_cpu_devices(count: int) -> str | None:
     """Ask for ``count`` simulated CPU devices if no backend has started; ``None`` if the host
     then has (or already had) at least ``count``, else what went wrong, in words."""

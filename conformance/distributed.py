@@ -32,9 +32,11 @@ def launched() -> bool:
 
 
 def initialize() -> None:
-    """Join the job (idempotent): device count and gloo first, then ``jax.distributed.initialize``."""
+    """Join the job (idempotent): device count and gloo first, then ``jax.distributed.initialize``;
+    arrays with no shard on this process allowed (:func:`compat.allow_arrays_without_local_shards`)."""
     from jax._src import distributed as jax_distributed
 
+    compat.allow_arrays_without_local_shards()
     if jax_distributed.global_state.client is not None:
         return
     devices = os.environ.get(DEVICES_PER_PROCESS)
@@ -63,8 +65,9 @@ _rounds: dict[str, int] = {}
 
 
 class RankGaveUp(RuntimeError):
-    """Another rank posted its verdict of this test while this one waited for it at an earlier
-    step (it failed before getting there, e.g. its kernel raised while tracing)."""
+    """Another rank posted a later step of this test (its verdict, or the test's outcome) while this
+    one waited for it at an earlier step: it left the test before getting there (e.g. its kernel
+    raised while tracing, or its check raised something that is not a verdict)."""
 
     def __init__(self, rank: int, verdict: str) -> None:
         super().__init__(f"rank {rank} stopped before this step of the test; its verdict: {verdict}")
@@ -142,7 +145,12 @@ def exchange(topic: str, text: str) -> list[str]:
     rank, size = rank_and_size()
     _rounds[topic] = _rounds.get(topic, 0) + 1
     base = f"conformance/{_test[0]}/{topic}/{_rounds[topic]}"
-    watch = None if topic == "verdict" else f"conformance/{_test[0]}/verdict/{_rounds.get('verdict', 0) + 1}"
+    # A rank that has posted a later step of this test (its verdict, or its outcome: the test's last
+    # exchange) will never post this one: watch for those instead of waiting for ever.
+    test = f"conformance/{_test[0]}"
+    watch = {"outcome": [], "verdict": [f"{test}/outcome/1"]}.get(
+        topic, [f"{test}/verdict/{_rounds.get('verdict', 0) + 1}", f"{test}/outcome/1"]
+    )
     client = _client()
     client.key_value_set(f"{base}/{rank}", text)
     got: dict[int, str] = {rank: text}
@@ -154,8 +162,17 @@ def exchange(topic: str, text: str) -> list[str]:
             value = _try_get(client, f"{base}/{r}")
             if value is not None:
                 got[r] = value
-            elif watch is not None and (gave_up := _try_get(client, f"{watch}/{r}")) is not None:
-                raise RankGaveUp(r, gave_up)
+                continue
+            for later in watch:
+                if (gave_up := _try_get(client, f"{later}/{r}")) is None:
+                    continue
+                # A rank posts its steps in order: it may have posted this step and gone on to the
+                # later one between the two looks above, so look at this step once more.
+                value = _try_get(client, f"{base}/{r}")
+                if value is None:
+                    raise RankGaveUp(r, gave_up)
+                got[r] = value
+                break
         if len(got) < size:
             if time.monotonic() > deadline:
                 missing = [r for r in range(size) if r not in got]

@@ -510,7 +510,7 @@ def _agree_on_outcome(rep: pytest.TestReport) -> None:
         return
     if not distributed.is_multi_process() or hasattr(rep, "wasxfail"):
         return
-    mine = {"outcome": rep.outcome, "line": _first_line(rep)}
+    mine = {"outcome": rep.outcome, "line": _skip_reason(rep)[:500] if rep.skipped else _first_line(rep)}
     try:
         texts = distributed.exchange("outcome", json.dumps(mine))
     except Exception as e:  # a rank gave up or the store failed: say so, do not crash the session

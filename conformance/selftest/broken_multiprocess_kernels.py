@@ -9,6 +9,10 @@ cleanly, naming the rank and the test, in bounded time.
   collective until the launcher's timeout.
 - ``broken_mp_reads_nonaddressable``: ``np.asarray`` of the global input outside ``jit``,
   which no rank can do in a multi-process job: it fails naming the call.
+- ``broken_mp_claims_per_rank`` (send_recv): its ``supports`` reads ``jax.process_index()``,
+  so rank 1 skips the case as not claimed while rank 0 runs it; rank 0 must not wait for rank
+  1's verdict of the check, which never comes (a rank that raised where it holds no shard, on
+  JAX 0.6.2, once left the job waiting this way for 10 minutes): the test fails on both.
 """
 
 from __future__ import annotations
@@ -77,3 +81,12 @@ def broken_mp_reads_nonaddressable(lhs, rhs, *, mesh, axis_name):
     if np.asarray(lhs).size == 0:  # reads every shard, including other processes' ones
         raise ValueError("empty lhs")
     return _gather_then_multiply(lhs, rhs, mesh=mesh, axis_name=axis_name)
+
+
+def _claimed_on_rank_zero_only(**_) -> str | None:
+    return None if jax.process_index() == 0 else "not on this process"  # per-process state
+
+
+@conformance.register("send_recv", name="broken_mp_claims_per_rank", supports=_claimed_on_rank_zero_only)
+def broken_mp_claims_per_rank(x, *, dst):
+    return jax.device_put(x, dst)  # the cases run inside process 0

@@ -92,6 +92,23 @@ def test_a_kernel_reading_other_ranks_data_fails_naming_the_call(tmp_path: Path)
     assert not _left_behind()
 
 
+def test_a_rank_that_leaves_a_test_early_fails_it_on_every_rank_at_once(tmp_path: Path) -> None:
+    """Rank 1 does not claim the case (a ``supports`` that reads the process index): it posts the
+    test's outcome, never a verdict of the check, which rank 0 (whose transfer passed) waits for:
+    rank 0 must see that outcome and stop, and the test fails on both ranks."""
+    done, took = _launch(tmp_path, "--impl=broken_mp_claims_per_rank", "-k",
+                         "test_send_recv and test_values and float32 and vector-4-permuted")  # fmt: skip
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert "rank 1 stopped before this step of the test" in done.stdout, done.stdout[-5000:]
+    assert "not on this process" in done.stdout
+    test = "test_values[broken_mp_claims_per_rank-float32-cpu-vector-4-permuted]"
+    assert f"FAILED test_send_recv.py::{test}" in done.stdout
+    rank1 = (tmp_path / "logs" / "rank-1.log").read_text()
+    assert "failed on rank 0 of 2" in rank1, rank1[-3000:]
+    assert took < 60, took
+    assert not _left_behind()
+
+
 def test_send_recv_across_processes(tmp_path: Path) -> None:
     """The send_recv family in a 2 x 4 job: the baseline moves shards from process 0 to 1 and back
     bit for bit (a ppermute between processes); a kernel that pairs the wrong devices and one that
@@ -114,9 +131,13 @@ def test_send_recv_across_processes(tmp_path: Path) -> None:
     } <= failed
     assert "key_value_set_bytes(" in out and "failed on ranks: 0, 1 of 2" in out
     assert re.search(r"send_recv/xla_device_put +ok +20P", out), out[-3000:]
-    # the job's devices are 4 per process: process 1's device ids start at 2048 (the plugin once
-    # gave every process 8, and every route stayed inside process 0)
-    assert "devices [0, 1, 2, 3] -> [2048, 2049, 2050, 2051]" in out, out[-3000:]
+    # the job's devices are 4 per process: the 4-disjoint route goes to process 1, whose CPU device
+    # ids start at a stride (2048; 131072 on JAX 0.6.2), not at 4 (the plugin once gave every process
+    # 8, and every route stayed inside process 0)
+    moved = re.search(r"devices \[0, 1, 2, 3\] -> \[(\d+), (\d+), (\d+), (\d+)\]", out)
+    assert moved is not None, out[-3000:]
+    first = int(moved[1])
+    assert first >= 2048 and [int(d) for d in moved.groups()] == list(range(first, first + 4)), moved[0]
 
 
 def test_timeout_is_checked_where_one_side_stays_away(tmp_path: Path) -> None:
