@@ -126,6 +126,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     metavar="LABEL[,LABEL...]", help="-m benchmark: the meshes to time on")  # fmt: skip
     group.addoption("--bench-rounds", type=int, default=5, metavar="N",
                     help="-m benchmark: timed calls per case after a warm-up (median reported)")  # fmt: skip
+    group.addoption("--meshes", default=None, metavar="LABEL[,LABEL...]",
+                    help="run the tests that take a standard mesh on these meshes only (labels as in the "
+                         "test ids, e.g. 4-x-explicit,2x4-y-auto); tests without a mesh all run")  # fmt: skip
     group.addoption("--impl", default=None, metavar="GLOB[,GLOB...]",
                     help="run only implementations whose names match one of these globs")  # fmt: skip
     group.addoption("--xfails-file", default=None, metavar="FILE",
@@ -328,20 +331,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = getattr(getattr(item, "callspec", None), "params", {})
         return any(k in params and not isinstance(params[k], str) for k in ("implementation", "dtype"))
 
-    empty = [i for i in items if has_empty_parameter(i)]  # pytest's NOTSET placeholder
+    empty = {id(i): i for i in items if has_empty_parameter(i)}  # pytest's NOTSET placeholder
     if "benchmark" not in (config.getoption("markexpr") or ""):  # timings run only when asked for
-        empty += [i for i in items if i.get_closest_marker("benchmark") and i not in empty]
+        empty.update((id(i), i) for i in items if i.get_closest_marker("benchmark"))
     pattern = config.getoption("impl")
     if pattern:  # the suite's own fixed tests run built-in kernels: they too answer to --impl
         globs = [g.strip() for g in pattern.split(",") if g.strip()]
         for item in items:
             names = getattr(getattr(item, "module", None), "IMPLEMENTATIONS", None)
-            runs_none = names is not None and not any(fnmatch.fnmatchcase(n, g) for n in names for g in globs)
-            if runs_none and item not in empty:
-                empty.append(item)
+            if names is not None and not any(fnmatch.fnmatchcase(n, g) for n in names for g in globs):
+                empty[id(item)] = item
+    wanted = _meshes_option(config)
+    if wanted is not None:  # --meshes: tests on other standard meshes
+        for item in items:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            mesh = params.get("mesh_config", params.get("conformance_mesh_config"))
+            if mesh is not None and getattr(mesh, "label", None) not in wanted:
+                empty[id(item)] = item
     if empty:
-        config.hook.pytest_deselected(items=empty)
-        items[:] = [i for i in items if i not in empty]
+        config.hook.pytest_deselected(items=list(empty.values()))
+        items[:] = [i for i in items if id(i) not in empty]
+
+
+def _meshes_option(config: pytest.Config) -> set[str] | None:
+    """``--meshes`` as a set of labels (``None``: every mesh); an unknown label is a usage error."""
+    text = config.getoption("meshes")
+    if text is None:
+        return None
+    labels = {label.strip() for label in text.split(",") if label.strip()}
+    known = [c.label for c in meshes.MESH_CONFIGS]
+    unknown = sorted(labels - set(known))
+    if unknown or not labels:
+        what = ", ".join(unknown) or "no label"
+        raise pytest.UsageError(f"--meshes={text}: {what} is not a standard mesh; "
+                                f"the standard meshes are {', '.join(known)}")  # fmt: skip
+    return labels
 
 
 def _selected_platforms(items: list[pytest.Item]) -> set[str]:

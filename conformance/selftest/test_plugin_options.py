@@ -1,5 +1,5 @@
 """The plugin's downstream options, each seen to act: declarations, known-failures files
-(strict xpass, stale lines), skips files, ``--impl`` on the fixed tests, ``--require-backend``,
+(strict xpass, stale lines), skips files, ``--impl`` on the fixed tests, ``--meshes``, ``--require-backend``,
 the device-count rule, and replay of an implementation that is not registered.
 
 Sub-runs are separate pytest processes started from a scratch directory with the suite's
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conformance import claims, registry
-from conformance.fixtures.meshes import parse_mesh
+from conformance.fixtures.meshes import MESH_CONFIGS, parse_mesh
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
@@ -141,6 +141,35 @@ def test_impl_filters_the_suites_fixed_tests(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     assert ids and all("opt_gather" in i for i in ids), [i for i in ids if "opt_gather" not in i][:5]
+
+
+def test_meshes_keeps_the_tests_on_those_meshes_and_every_test_without_one(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather,xla_device_put", "--collect-only")
+    every = {line for line in done.stdout.splitlines() if "::" in line}
+    done = _pytest(
+        tmp_path,
+        "-m",
+        "cpu",
+        "--impl=opt_gather,xla_device_put",
+        "--meshes=4-x-explicit, 2x4-y-auto",
+        "--collect-only",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    kept = {line for line in done.stdout.splitlines() if "::" in line}
+    labels = [c.label for c in MESH_CONFIGS]
+
+    def on(test_id: str) -> set[str]:
+        return {label for label in labels if f"-{label}-" in test_id or f"-{label}]" in test_id}
+
+    assert kept and kept < every
+    assert {t for t in every if on(t) <= {"4-x-explicit", "2x4-y-auto"}} == kept  # the others: no mesh
+    assert {"4-x-explicit", "2x4-y-auto"} <= {m for t in kept for m in on(t)}
+    assert [t for t in kept if not on(t)], "the tests that take no standard mesh (send_recv's) must stay"
+    done = _pytest(tmp_path, "-m", "cpu", "--meshes=4-x-explicit,3-x-auto", "--collect-only")
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "--meshes=4-x-explicit,3-x-auto: 3-x-auto is not a standard mesh" in done.stderr, done.stderr[
+        -2000:
+    ]
 
 
 def test_a_platform_without_backend_says_so_and_can_be_required(tmp_path: Path) -> None:
