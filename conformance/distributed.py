@@ -163,7 +163,8 @@ def exchange(topic: str, text: str) -> list[str]:
             if value is not None:
                 got[r] = value
                 continue
-            for later in watch:
+            # the later steps only once this wait has lasted (each look is a call to the coordinator)
+            for later in watch if pause >= _MAX_PAUSE_S else ():
                 if (gave_up := _try_get(client, f"{later}/{r}")) is None:
                     continue
                 # A rank posts its steps in order: it may have posted this step and gone on to the
