@@ -137,8 +137,9 @@ def exchange(topic: str, text: str) -> list[str]:
     """Every rank's ``text`` for this step of the current test, in rank order.
 
     Every rank calls it at the same steps. Plain text through the job's key-value store
-    (nothing is unpickled). A rank that posts its ``verdict`` of the test while the others
-    wait at an earlier step makes them raise :class:`RankGaveUp` instead of waiting for ever.
+    (nothing is unpickled). A rank that posts a later step (its ``verdict`` of the check, or the
+    test's ``outcome``) while the others wait at an earlier one makes them raise
+    :class:`RankGaveUp` instead of waiting for ever.
     """
     if not is_multi_process():
         return [text]
