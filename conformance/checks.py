@@ -640,21 +640,46 @@ def check_tpu_layout(case: Case) -> None:
 
 
 def check_races(case: Case) -> None:
-    """Under TPU interpret mode with race detection, no race is reported and values are exact.
+    """Under TPU interpret mode with race detection: no race, no semaphore left with a count, and
+    exact values.
 
     Run once per DMA execution mode: "eager" starts every DMA at once, "on_wait"
     defers each until something waits on it, as late and out of order as the
     waits allow. A kernel whose semaphores can be satisfied by the wrong
     transfer passes the first and fails the second.
+
+    Every semaphore must be back at zero once every device has left the kernel: on a chip a
+    barrier semaphore left with a count lets the next call's barrier pass at once, and a DMA
+    semaphore left with one means the kernel returned while its DMA could still read its buffers.
+    Races and leftover counts are read at the end of every ``pallas_call`` the check runs
+    (:func:`compat.watch_interpreted_calls`), not only the last.
     """
     if not case.implementation.pallas or not case.dma_mode:
         raise ValueError(f"check_races needs a Pallas implementation and a dma_mode: {case}")
-    inputs64, out = _call(case, "races", lambda: runner.execute(case, detect_races=True))
-    if compat.races_found():
+    with compat.watch_interpreted_calls() as ends:
+        inputs64, out = _call(case, "races", lambda: runner.execute(case, detect_races=True))
+    where = f"kernel {case.impl} on {case.mesh.describe()}, dma_execution_mode={case.dma_mode!r}"
+    unread = [end.unreadable for end in ends if end.unreadable]
+    if unread:
+        raise RuntimeError(f"the races check cannot read JAX {jax.__version__}'s interpreter state at kernel "
+                           f"exit: {unread[0]}")  # fmt: skip
+    raced = [i for i, end in enumerate(ends, 1) if end.races_found]
+    if raced or (not ends and compat.races_found()):
+        calls = f"in pallas_call {raced} of {len(ends)}" if ends else "in the last pallas_call"
         raise fail(case, "races", "TPU interpret mode detected a race", [
-            f"kernel {case.impl} on {case.mesh.describe()}, dma_execution_mode={case.dma_mode!r}",
+            f"{where}, {calls}",
             "the interpreter printed the racing accesses (buffer, range, device, source line) "
             "to stderr above",
+        ])  # fmt: skip
+    left = [(i, sem) for i, end in enumerate(ends, 1) for sem in end.leftover]
+    if left:
+        raise fail(case, "races", "a semaphore has a nonzero count at kernel exit", [
+            where,
+            *(f"pallas_call {i} of {len(ends)}: {sem.describe()}" for i, sem in left[:6]),
+            *([f"... and {len(left) - 6} more"] if len(left) > 6 else []),
+            "read once every device had left the kernel; on a chip the next call's barrier passes "
+            "at once (a barrier signal nobody waited for) or the kernel returned while a DMA could "
+            "still read its buffers (a send never waited for): wait for every signal and every DMA",
         ])  # fmt: skip
     spec = case.spec
     _compare_shards(

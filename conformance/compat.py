@@ -8,13 +8,16 @@ this module is all the difference there is.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import inspect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 JAX_VERSION: tuple[int, ...] = tuple(int(part) for part in jax.__version__.split(".")[:3] if part.isdigit())
 
@@ -185,6 +188,84 @@ def races_found() -> bool:
     """Whether the last interpreted kernel run with ``detect_races=True`` reported a race."""
     races = getattr(_interpret_module(), "races", None)
     return bool(races is not None and races.races_found)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeftoverSemaphore:
+    """A semaphore with a nonzero count when every device had left an interpreted kernel."""
+
+    semaphore_id: int
+    barrier: bool  # the kernel's barrier semaphore (``pltpu.get_barrier_semaphore``)
+    count: int
+    devices: tuple[int, ...]
+
+    def describe(self) -> str:
+        kind = "barrier semaphore" if self.barrier else "semaphore"
+        return f"{kind} {self.semaphore_id}: count {self.count} on device(s) {list(self.devices)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class InterpretedCallEnd:
+    """What the interpreter held at the end of one interpreted ``pallas_call``, read once every
+    device had finished it (in the action of its end-of-call barrier, before memory is dropped)."""
+
+    races_found: bool
+    leftover: tuple[LeftoverSemaphore, ...]
+    #: the interpreter's state in a form this module does not know (quoted); never guessed around
+    unreadable: str | None = None
+
+
+def _semaphores_at_exit(shared: Any) -> tuple[LeftoverSemaphore, ...]:
+    per_device = max(1, int(getattr(shared, "num_cores_per_device", 1)))
+    fixed = dict(getattr(shared, "fixed_id_sem", {}) or {})  # barrier semaphores (JAX 0.7 and later)
+    found = []
+    with shared.lock:  # JAX 0.6 keeps barrier semaphores with the others, under an id of None
+        semaphores = [(k, s, s.id is None) for k, s in getattr(shared, "sem", {}).items()]
+        semaphores += [(k, s, True) for k, s in fixed.items()]
+    for key, sem, barrier in semaphores:
+        with sem.cv:  # JAX 0.6 names the per-core counts ``counts``; later ``count_by_core``
+            counts = np.array(getattr(sem, "count_by_core", getattr(sem, "counts", ())), dtype=np.int64)
+        by_count: dict[int, list[int]] = {}
+        for core in np.flatnonzero(counts):
+            by_count.setdefault(int(counts[core]), []).append(int(core) // per_device)
+        for count, devices in sorted(by_count.items()):
+            found.append(LeftoverSemaphore(int(key), barrier, count, tuple(sorted(set(devices)))))
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def watch_interpreted_calls() -> Iterator[list[InterpretedCallEnd]]:
+    """Within the block, note each interpreted ``pallas_call``'s end (:class:`InterpretedCallEnd`).
+
+    JAX's interpreter looks at semaphores as each device leaves the kernel, before the end-of-call
+    barrier, so an early device misses a slower neighbour's late signal; and it prints what it
+    finds and does not raise. Its race flag, too, is reset for every call, so after a check that
+    ran several calls it tells of the last one. Every device has finished once the barrier's
+    action (``_clear_shared_memory``, bound when a call's shared memory is made) runs: the
+    wrapper put there reads every semaphore's count and the race flag, then drops the memory.
+    """
+    module = _interpret_module()
+    original = getattr(module, "_clear_shared_memory", None)
+    if original is None:
+        raise HostLimit(f"this JAX ({jax.__version__}) has no end-of-call hook in its TPU interpreter")
+    ends: list[InterpretedCallEnd] = []
+
+    def note_and_clear() -> None:
+        shared = getattr(module, "_shared_memory", None)
+        races = getattr(module, "races", None)
+        if shared is not None:
+            raced = bool(races is not None and races.races_found)
+            try:
+                ends.append(InterpretedCallEnd(raced, _semaphores_at_exit(shared)))
+            except Exception as e:  # raising here would break the barrier every device waits at
+                ends.append(InterpretedCallEnd(raced, (), f"{type(e).__name__}: {e}"))
+        original()
+
+    module._clear_shared_memory = note_and_clear
+    try:
+        yield ends
+    finally:
+        module._clear_shared_memory = original
 
 
 def reset_interpret_state(*, after_failure: bool = False) -> None:

@@ -123,12 +123,33 @@ def test_source_intact(request, implementation: str, platform: str, route: Route
 @pytest.mark.parametrize("bad", transfers.BAD_DESTINATIONS)
 def test_bad_destination(request, implementation: str, platform: str, route: Route, bad: str) -> None:
     """Another spec, mesh shape, device count or memory kind: refused naming both, and the next
-    transfer still works."""
+    transfer still works. A spelling that is the source's placement after all (another spec on one
+    device, a 2 x 2 mesh flattened) is a valid destination: its bytes are checked instead."""
     t = transfer(request, implementation, platform, route)
     what, dst, must = transfers.bad_destination(t, bad)
     if dst is None:
         pytest.skip(f"{implementation}: {what}")
-    run(transfers.check_bad_destination, t, what, dst, must)
+    if transfers.same_placement(t, dst):
+        run(transfers.check_same_placement, t, f"{what} (the same placement)", dst)
+    else:
+        run(transfers.check_bad_destination, t, what, dst, must)
+    run(transfers.check_values, t)
+
+
+#: The 2-D routes: only there can a destination keep every shard's shape and map blocks otherwise.
+ROUTES_2D = tuple(r for r in ROUTES if len(r.mesh_shape) == 2)
+
+
+@pytest.mark.parametrize("route", ROUTES_2D, ids=[r.label for r in ROUTES_2D])
+@pytest.mark.parametrize("block_map", sorted(transfers.BLOCK_MAPS))
+def test_block_map(request, implementation: str, platform: str, route: Route, block_map: str) -> None:
+    """A destination with the source's shard shapes and another block-to-device map (transposed
+    spec, permuted axis order): refused naming both specs, or every block bit-exact where ``dst``
+    says; then the next transfer still works."""
+    layout, _ = transfers.BLOCK_MAPS[block_map]
+    t = transfer(request, implementation, platform, route, layout)
+    what, dst, must = transfers.other_block_map(t, block_map)
+    run(transfers.check_block_map, t, what, dst, must)
     run(transfers.check_values, t)
 
 

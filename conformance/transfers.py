@@ -374,15 +374,23 @@ def _start(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(s.indices(n)[0] for s, n in zip(index, shape, strict=True))
 
 
-def compare_shards(t: Transfer, out: jax.Array, check: str, against: str = "the result") -> None:
-    """Every addressable shard of ``out`` has, bit for bit, the source's bytes at its index."""
-    want_map = out.sharding.devices_indices_map(t.host.shape)
+def compare_shards(
+    t: Transfer,
+    out: jax.Array,
+    check: str,
+    against: str = "the result",
+    placement: NamedSharding | None = None,
+    details: tuple[str, ...] = (),
+) -> None:
+    """Every addressable shard of ``out`` has, bit for bit, the source's bytes at the index
+    ``placement`` (default: ``out``'s own sharding) gives its device; ``details`` go in a failure."""
+    want_map = (placement or out.sharding).devices_indices_map(t.host.shape)
     for shard in sorted(out.addressable_shards, key=lambda s: s.device.id):
         got = np.asarray(shard.data)
         want = t.host[want_map[shard.device]]
         if got.shape != want.shape or got.dtype != want.dtype:
             raise t.fail(check, f"{against}'s shard on device {shard.device.id} has shape {got.shape} "
-                         f"{got.dtype}, not {want.shape} {want.dtype}")  # fmt: skip
+                         f"{got.dtype}, not {want.shape} {want.dtype}", details)  # fmt: skip
         diff = first_difference(got, want)
         if diff is not None:
             local, got_hex, want_hex = diff
@@ -392,7 +400,7 @@ def compare_shards(t: Transfer, out: jax.Array, check: str, against: str = "the 
             raise t.fail(check, f"{against}'s bytes differ from the source's on device {shard.device.id}",
                          [f"first wrong     : global index {at} (index {local} of the shard at {start}): "
                           f"bytes {got_hex}, source has {want_hex}",
-                          f"wrong elements  : {count} of {want.size} in that shard"])  # fmt: skip
+                          f"wrong elements  : {count} of {want.size} in that shard", *details])  # fmt: skip
 
 
 # -- the checks -----------------------------------------------------------------------------------
@@ -436,13 +444,39 @@ def check_source_intact(t: Transfer) -> None:
     compare_shards(t, t.x, "source_intact", against="the source")
 
 
+def blocks(sharding: NamedSharding, shape: tuple[int, ...]) -> list[tuple[tuple[int, int], ...]]:
+    """The block of ``shape`` each device of the sharding's mesh holds, in the mesh's device order."""
+    index = sharding.devices_indices_map(shape)
+    return [
+        tuple(s.indices(n)[:2] for s, n in zip(index[d], shape, strict=True))
+        for d in sharding.mesh.devices.flat
+    ]
+
+
+def same_placement(t: Transfer, dst: NamedSharding) -> bool:
+    """Whether ``dst`` puts on the device at each position of its mesh the block that ``t.dst`` puts
+    on the device at the same position, in the same memory kind: the same destination, however its
+    spec and mesh shape are spelled (``P()`` and ``P('x')`` on one device; ``P(('x', 'y'))`` on 2 x 2
+    and ``P('x')`` on the same 4 devices in a row)."""
+    shape = t.host.shape
+    return (
+        list(dst.mesh.devices.flat) == list(t.dst.mesh.devices.flat)
+        and blocks(dst, shape) == blocks(t.dst, shape)
+        and dst.memory_kind == t.dst.memory_kind
+    )
+
+
 #: The destinations the contract forbids, by name (see :func:`bad_destination`).
 BAD_DESTINATIONS = ("spec", "mesh_shape", "fewer_devices", "memory_kind")
 
 
 def bad_destination(t: Transfer, name: str) -> tuple[str, NamedSharding | None, list[str]]:
     """``(what is wrong, dst, texts the error must contain)`` for the bad destination ``name``;
-    ``dst`` is ``None`` where this route or host cannot make one (``what`` then says why)."""
+    ``dst`` is ``None`` where this route or host cannot make one (``what`` then says why).
+
+    Some spellings are the source's placement after all (:func:`same_placement`: another spec on a
+    one-device mesh, a 2 x 2 mesh flattened under a spec that splits over both axes); the test then
+    asks for the bytes, not a refusal."""
     src = t.src
     dst_devices = list(t.dst.mesh.devices.flat)
     names = src.mesh.axis_names
@@ -477,8 +511,47 @@ def bad_destination(t: Transfer, name: str) -> tuple[str, NamedSharding | None, 
     raise ValueError(f"bad destination {name!r} is not one of {BAD_DESTINATIONS}")
 
 
+#: Destinations whose shards have the source's shapes but another block-to-device map, on 2-D
+#: routes: the layout each needs and the spec it maps with (see :func:`other_block_map`).
+BLOCK_MAPS = {
+    "transposed": ("matrix", P("y", "x")),  # P('x', 'y') -> P('y', 'x'): off-diagonal blocks swap
+    "axis_order": ("vector", P(("y", "x"))),  # P(('x', 'y')) -> P(('y', 'x')): the same, flattened
+}
+
+
+def other_block_map(t: Transfer, name: str) -> tuple[str, NamedSharding, list[str]]:
+    """``(what it is, dst, texts a refusal must contain)``: the destination mesh under the spec
+    :data:`BLOCK_MAPS` names; every shard keeps its shape, but blocks land on other devices."""
+    _, spec = BLOCK_MAPS[name]
+    dst = NamedSharding(t.dst.mesh, spec)
+    if dst.shard_shape(t.host.shape) != t.dst.shard_shape(t.host.shape):
+        raise ValueError(f"block map {name!r} changes the shard shape of {t.layout.describe()}")
+    return (
+        f"{_spec_text(spec)} for {_spec_text(t.src.spec)} (same shard shapes, another block map)",
+        dst,
+        [
+            _spec_text(t.src.spec),
+            _spec_text(spec),
+        ],
+    )
+
+
 def _spec_text(spec: P) -> str:
     return str(spec).replace("PartitionSpec(", "P(")
+
+
+def _places(t: Transfer, check: str, what: str, dst: NamedSharding, out: object) -> None:
+    """``out`` lies on ``dst`` (its devices in its order, its blocks) and holds the source's bytes there."""
+    if not isinstance(out, jax.Array):
+        raise t.fail(check, f"returned {type(out).__name__} for {what}, not a jax.Array")
+    got = out.sharding
+    same_devices = getattr(got, "mesh", None) is not None and list(got.mesh.devices.flat) == list(
+        dst.mesh.devices.flat
+    )
+    if not (same_devices and got.is_equivalent_to(dst, len(t.host.shape))):
+        raise t.fail(check, f"accepted {what} but the result does not lie on it",
+                     [f"result         : {got!r}", f"destination    : {dst!r}"])  # fmt: skip
+    compare_shards(t, out, check, placement=dst, details=(f"destination    : {what}: {dst!r}",))
 
 
 def check_bad_destination(t: Transfer, what: str, dst: NamedSharding, must: list[str]) -> None:
@@ -488,20 +561,53 @@ def check_bad_destination(t: Transfer, what: str, dst: NamedSharding, must: list
     except ConformanceFailure:
         raise
     except Exception as e:
-        text = str(e).replace("PartitionSpec(", "P(")
-        missing = [m for m in must if m not in text]
-        if missing:
-            raise t.fail(
-                "bad_destination",
-                f"refused {what} without naming {missing}",
-                [f"destination    : {dst!r}", f"error          : {type(e).__name__}: {e}"],
-            ) from None
+        _named_in_refusal(t, "bad_destination", what, dst, must, e)
         return
     raise t.fail(
         "bad_destination",
         f"accepted {what} instead of refusing it",
         [f"destination    : {dst!r}", f"returned       : {getattr(out, 'sharding', type(out))!r}"],
     )
+
+
+def _named_in_refusal(
+    t: Transfer, check: str, what: str, dst: NamedSharding, must: list[str], error: Exception
+) -> None:
+    text = str(error).replace("PartitionSpec(", "P(")
+    missing = [m for m in must if m not in text]
+    if missing:
+        raise t.fail(
+            check,
+            f"refused {what} without naming {missing}",
+            [f"destination    : {dst!r}", f"error          : {type(error).__name__}: {error}"],
+        ) from None
+
+
+def check_same_placement(t: Transfer, what: str, dst: NamedSharding) -> None:
+    """A destination spelled otherwise that is the source's placement after all (see
+    :func:`same_placement`) is a valid one: the bytes, bit for bit, where it says; no refusal."""
+    try:
+        out = bounded_call(t, "bad_destination", lambda: t.implementation.fn(t.x, dst=dst))
+    except ConformanceFailure:
+        raise
+    except Exception as e:
+        details = [f"destination    : {dst!r}", f"error          : {error_text(e)}"]
+        raise t.fail("bad_destination", f"refused {what}, which places every block where dst does "
+                     "(an equivalent destination: move it)", details) from None  # fmt: skip
+    _places(t, "bad_destination", what, dst, out)
+
+
+def check_block_map(t: Transfer, what: str, dst: NamedSharding, must: list[str]) -> None:
+    """A destination with the source's shard shapes and another block-to-device map: refused,
+    naming both specs, or moved with every block bit-exact where ``dst`` says."""
+    try:
+        out = bounded_call(t, "block_map", lambda: t.implementation.fn(t.x, dst=dst))
+    except ConformanceFailure:
+        raise
+    except Exception as e:
+        _named_in_refusal(t, "block_map", what, dst, must, e)
+        return
+    _places(t, "block_map", what, dst, out)
 
 
 #: The timeout check: the receiving ranks alone call with ``timeout=TIMEOUT_GIVEN_S`` and must raise

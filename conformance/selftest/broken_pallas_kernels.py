@@ -30,6 +30,8 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_waits_for_missing_signal": "test_values",
     "broken_pallas_blocks_beyond_the_watchdog": "test_output_sharding",
     "broken_pallas_untiled_halves": "test_tpu_layout",
+    "broken_pallas_leaves_barrier_count": "test_races",
+    "broken_pallas_leaves_send_counts": "test_races",
     "broken_pallas_refuses_every_tpu_shape": "test_tpu_layout",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
@@ -42,6 +44,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     # where: JAX's interpreter raised, at the kernel's semaphore_signal naming a 1-coordinate peer
     "broken_pallas_one_coordinate_device_id": "broken_pallas_kernels.py:",
     "broken_pallas_skips_default_barrier": "skips the default device barrier",
+    "broken_pallas_leaves_barrier_count": "barrier semaphore",
+    "broken_pallas_leaves_send_counts": "nonzero count at kernel exit",
 }
 
 
@@ -55,7 +59,7 @@ def _wait_forever() -> None:
 
 def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axes, shared_semaphores,
             floor_halves, final_wait, barrier, barrier_expect, ring_coordinate_only=False,
-            blocks_in_callback=False):  # fmt: skip
+            blocks_in_callback=False, final_send_wait=True, farewell_signal=False):  # fmt: skip
     n, me, rows = lax.axis_size(axis_name), lax.axis_index(axis_name), x_ref.shape[0]
     if blocks_in_callback:  # a host callback that never returns: below anything the watchdog can abort
         jax.debug.callback(_wait_forever)
@@ -100,9 +104,12 @@ def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axe
         for dma in last:
             if dma is not None:
                 dma.wait_recv()
-                dma.wait_send()
+                if final_send_wait:  # else the send semaphores keep their counts at exit
+                    dma.wait_send()
     if barrier == "after":
         pl.semaphore_wait(sem, barrier_expect)
+    if farewell_signal:  # one more barrier signal to the right, which nobody waits for
+        pl.semaphore_signal(pltpu.get_barrier_semaphore(), 1, device_id=right)
 
 
 def _broken_ring(x, *, mesh, axis_name, interpret=False, skip_device_barrier=False, **knobs):
@@ -175,6 +182,14 @@ _register("broken_pallas_one_coordinate_device_id",
           "names its ring neighbour by the ring coordinate alone: right on a 1-D mesh, an error inside "
           "JAX's interpreter on a 2-D one",
           ring_coordinate_only=True)  # fmt: skip
+_register("broken_pallas_leaves_barrier_count",
+          "signals its right neighbour's barrier semaphore once more after the ring, and nobody waits "
+          "for it: exact and race-free, but on a chip the next call's barrier passes at once",
+          farewell_signal=True)  # fmt: skip
+_register("broken_pallas_leaves_send_counts",
+          "waits for its last DMAs to arrive but not for them to be sent: exact and race-free here, "
+          "but its send semaphores keep their counts and a chip's kernel may return mid-DMA",
+          final_send_wait=False)  # fmt: skip
 _register("broken_pallas_untiled_halves",
           "a correct ring that ignores TPU tiling: ceil/floor halves of every shard, no refusal; "
           "exact under interpret mode, refused by a TPU's compiler")  # fmt: skip

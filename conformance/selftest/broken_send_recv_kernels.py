@@ -34,9 +34,13 @@ EXPECTED_REJECTION = {
     "broken_sr_seed_stream_cache": "test_resources",
     "broken_sr_pickles_unique_id": "test_no_pickle",
     "broken_sr_hangs_on_empty_shards": "test_values",
+    "broken_sr_pairs_by_position": "test_block_map",
 }
 #: what the failure must say, where the check has more than one way to fail
-EXPECTED_MESSAGE = {"broken_sr_hangs_on_empty_shards": "did not return within 9 s (hung)"}
+EXPECTED_MESSAGE = {
+    "broken_sr_hangs_on_empty_shards": "did not return within 9 s (hung)",
+    "broken_sr_pairs_by_position": "(same shard shapes, another block map)",
+}
 #: GPU only (real NCCL): the seed's defects, each rejected by its check.
 EXPECTED_REJECTION_GPU = {
     "broken_nccl_seed_stream_cache": "test_resources",
@@ -233,28 +237,53 @@ def broken_nccl_seed_pickled_id(x, *, dst):
 
 @conformance.register(FAMILY, name="correct_sr_device_put_loop")
 def correct_sr_device_put_loop(x, *, dst):
-    """A loop over ``addressable_shards`` and ``dst.devices_indices_map``, no pairing helper."""
-    if dst.spec != x.sharding.spec or dst.mesh.devices.shape != x.sharding.mesh.devices.shape \
-            or dst.memory_kind != x.sharding.memory_kind:  # fmt: skip
-        raise ValueError(f"cannot send {x.sharding} to {dst}")
+    """A general helper of another style: each device of ``dst`` gets, by ``jax.device_put``, the
+    source's block at the index ``dst`` gives it (looked up by index, not paired by position), so
+    a destination with another block-to-device map is moved correctly; one asking for a block the
+    source does not hold whole, or another memory kind, is refused. One process."""
+
+    def block(index):
+        return tuple(s.indices(n)[:2] for s, n in zip(index, x.shape, strict=True))
+
     by_index = {}
     for shard in x.addressable_shards:
-        by_index.setdefault(tuple((s.start, s.stop) for s in shard.index), shard.data)
-    arrays = []
-    for device, index in dst.addressable_devices_indices_map(x.shape).items():
-        arrays.append(jax.device_put(by_index[tuple((s.start, s.stop) for s in index)], device))
+        by_index.setdefault(block(shard.index), shard.data)
+    wanted = {device: block(index) for device, index in dst.addressable_devices_indices_map(x.shape).items()}
+    missing = sorted({w for w in wanted.values() if w not in by_index})
+    if missing or dst.memory_kind != x.sharding.memory_kind:
+        raise ValueError(f"cannot send {x.sharding} to {dst}: blocks {missing} are no shard of the source, "
+                         f"memory kind {x.sharding.memory_kind} -> {dst.memory_kind}")  # fmt: skip
+    arrays = [jax.device_put(by_index[w], device) for device, w in wanted.items()]
     return jax.make_array_from_single_device_arrays(x.shape, dst, arrays)
 
 
 @conformance.register(FAMILY, name="correct_sr_via_host")
 def correct_sr_via_host(x, *, dst):
-    """Through host memory as raw bytes: ``np.asarray`` and ``jax.make_array_from_callback``."""
-    if (dst.spec, dst.mesh.devices.shape, dst.memory_kind) != (
-        x.sharding.spec, x.sharding.mesh.devices.shape, x.sharding.memory_kind
+    """Through host memory as raw bytes: ``np.asarray`` and ``jax.make_array_from_callback``, so any
+    destination with the source's device count, shard shape and memory kind is placed right (the
+    equivalent spellings of the source's placement and other block maps alike). One process."""
+    src = x.sharding
+    if (dst.mesh.devices.size, dst.shard_shape(x.shape), dst.memory_kind) != (
+        src.mesh.devices.size, src.shard_shape(x.shape), src.memory_kind
     ):  # fmt: skip
-        raise ValueError(f"source {x.sharding} and destination {dst} differ")
+        raise ValueError(
+            f"source {src} and destination {dst} differ in device count, shard shape or memory kind"
+        )
     host = np.asarray(x)
     return jax.make_array_from_callback(x.shape, dst, lambda index: host[index])
+
+
+@conformance.register(FAMILY, name="broken_sr_pairs_by_position")
+def broken_sr_pairs_by_position(x, *, dst):
+    """Checks only that the shards keep their shapes, then sends the shard of source device ``i`` to
+    destination device ``i``: on ``P('y', 'x')`` for ``P('x', 'y')`` the off-diagonal blocks land
+    swapped (a real transfer helper did this)."""
+    src = x.sharding
+    if (dst.mesh.devices.size, dst.shard_shape(x.shape), dst.memory_kind) != (
+        src.mesh.devices.size, src.shard_shape(x.shape), src.memory_kind
+    ):  # fmt: skip
+        raise ValueError(f"broken_sr_pairs_by_position: cannot send {src} to {dst}")
+    return _assemble(x, dst, _copies(x, dst))
 
 
 #: Rejected in a multi-process job only (it needs the job's key-value store).

@@ -1,11 +1,16 @@
 """The ``send_recv`` family: move a sharded array to another set of devices, bit for bit.
 
 ``fn(x, *, dst) -> jax.Array``. ``x`` lies on the source devices under a ``NamedSharding``;
-``dst`` is a ``NamedSharding`` with the same ``PartitionSpec`` over an equally shaped mesh of
-destination devices. Device ``i`` of the source mesh's device array sends its shard to device
-``i`` of the destination mesh. The result lies on ``dst``, is bitwise equal to ``x``, and ``x``
-is left intact. In a multi-process job every process calls ``fn`` with the same arguments,
-including processes that own no source or destination device.
+``dst`` is a ``NamedSharding`` over as many destination devices. Device ``i`` of the source
+mesh's device array sends its shard to device ``i`` of the destination mesh, so ``dst`` must put
+on its device ``i`` the block the source puts on its device ``i``, in the same memory kind: the
+same ``PartitionSpec`` over an equally shaped mesh, or any spelling of that placement (``P()``
+for ``P('x')`` on one device, a 2 x 2 mesh flattened under a spec over both axes), which must be
+moved like it. Any other destination is refused with an error naming both shardings; one whose
+shards keep their shapes but map blocks to other devices (``P('y', 'x')`` for ``P('x', 'y')``)
+may instead be moved with every block where it says. The result lies on ``dst``, is bitwise
+equal to ``x``, and ``x`` is left intact. In a multi-process job every process calls ``fn`` with
+the same arguments, including processes that own no source or destination device.
 
 Unlike the shard_map families there is no arithmetic, so there is no tolerance: the ground
 truth is the source's bytes.
@@ -75,5 +80,5 @@ SEND_RECV = PointToPointSpec(
     name="send_recv",
     summary="fn(x, *, dst): every shard of x to the same position of dst's devices, bitwise",
     dtypes=DTYPES,
-    signature_text="x NamedSharding(src mesh, spec) -> NamedSharding(dst mesh of the same shape, same spec)",
+    signature_text="x NamedSharding(src mesh, spec) -> dst: each block on the device at the same position",
 )

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 
-def _normalized(spec: PartitionSpec) -> tuple:
-    parts = list(spec)
-    while parts and parts[-1] is None:
-        parts.pop()
-    return tuple(tuple(p) if isinstance(p, (list, tuple)) else p for p in parts)
+def _blocks(sharding: NamedSharding, shape: tuple[int, ...]) -> list[tuple[tuple[int, int], ...]]:
+    """The block of ``shape`` each device of the sharding's mesh holds, in the mesh's device order."""
+    index = sharding.devices_indices_map(shape)
+    return [
+        tuple(s.indices(n)[:2] for s, n in zip(index[d], shape, strict=True))
+        for d in sharding.mesh.devices.flat
+    ]
 
 
 def validate_destination(name: str, x: jax.Array, dst: NamedSharding) -> NamedSharding:
     """The source's ``NamedSharding``, after checking ``dst`` against it; raises naming both.
 
-    The destination must have the same ``PartitionSpec`` over a mesh of the same axis names and
-    shape, in the same memory kind: device ``i`` of one mesh then pairs with device ``i`` of the
-    other, and every shard keeps its shape. Called on every process before any transfer starts,
-    so a refusal leaves no peer waiting.
+    Device ``i`` of the source mesh (in its device order) sends its shard to device ``i`` of the
+    destination mesh, so ``dst`` must put on its device ``i`` the block the source puts on its
+    device ``i``, in the same memory kind. The spec and mesh shape may differ where the placement
+    does not (``P()`` and ``P('x')`` on one device; ``P(('x', 'y'))`` on 2 x 2 and ``P('x')`` on the
+    same 4 devices in a row); a destination with another block-to-device map (``P('y', 'x')`` for
+    ``P('x', 'y')``) is refused even where its shards have the source's shapes. Called on every
+    process before any transfer starts, so a refusal leaves no peer waiting.
     """
     if not isinstance(x, jax.Array):
         raise TypeError(f"{name}: x must be a jax.Array, got {type(x).__name__}")
@@ -29,19 +34,28 @@ def validate_destination(name: str, x: jax.Array, dst: NamedSharding) -> NamedSh
     if not isinstance(dst, NamedSharding):
         raise TypeError(f"{name}: dst must be a NamedSharding, got {dst!r}")
     problems = []
-    if src.mesh.axis_names != dst.mesh.axis_names or src.mesh.devices.shape != dst.mesh.devices.shape:
-        problems.append(f"mesh shape {dict(src.mesh.shape)} -> {dict(dst.mesh.shape)}")
-    if _normalized(src.spec) != _normalized(dst.spec):
-        problems.append(f"spec {src.spec} -> {dst.spec}")
+    if src.mesh.devices.size != dst.mesh.devices.size:
+        problems.append(f"device count {src.mesh.devices.size} -> {dst.mesh.devices.size}")
+    else:
+        for i, (a, b) in enumerate(zip(_blocks(src, x.shape), _blocks(dst, x.shape), strict=True)):
+            if a != b:
+                problems.append(f"the block on device {i} of the mesh, {_text(a)} -> {_text(b)} "
+                                f"(spec {src.spec} over {dict(src.mesh.shape)} -> {dst.spec} over "
+                                f"{dict(dst.mesh.shape)})")  # fmt: skip
+                break
     if src.memory_kind != dst.memory_kind:
         problems.append(f"memory kind {src.memory_kind} -> {dst.memory_kind}")
     if problems:
         raise ValueError(
-            f"{name}: the destination must have the source's PartitionSpec over an equally shaped "
-            f"mesh in the same memory kind; they differ in {'; '.join(problems)}. "
-            f"source: {src!r}; destination: {dst!r}"
+            f"{name}: the destination must place on each device of its mesh the block the source "
+            f"places on the device at the same position, in the same memory kind; they differ in "
+            f"{'; '.join(problems)}. source: {src!r}; destination: {dst!r}"
         )
     return src
+
+
+def _text(block: tuple[tuple[int, int], ...]) -> str:
+    return "[" + ", ".join(f"{a}:{b}" for a, b in block) + "]"
 
 
 def device_pairs(src: NamedSharding, dst: NamedSharding) -> list[tuple[jax.Device, jax.Device]]:
