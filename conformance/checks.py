@@ -206,7 +206,14 @@ def _run(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarr
 
 
 def _compare_shards(
-    case: Case, check: str, out: jax.Array, expected: np.ndarray, tol: np.ndarray, *, what: str = "out"
+    case: Case,
+    check: str,
+    out: jax.Array,
+    expected: np.ndarray,
+    tol: np.ndarray,
+    *,
+    what: str = "out",
+    subject: str | None = None,
 ) -> None:
     """Every addressable shard of ``what`` against its block of ``expected``; reports the first wrong one."""
     if tuple(out.shape) != tuple(expected.shape):
@@ -244,7 +251,7 @@ def _compare_shards(
         details.append(f"wrong elements in that shard: {int(bad.sum())} of {bad.size}")
     details.append(f"wrong shards: {len(wrong)} of {len(out.addressable_shards)} "
                    f"(devices {[s.device.id for s, _, _ in wrong]})")  # fmt: skip
-    subject = "values differ" if what == "out" else f"gradient {what} differs"
+    subject = subject or ("values differ" if what == "out" else f"gradient {what} differs")
     raise fail(case, check, f"{subject} from the numpy float64 reference", details)
 
 
@@ -327,6 +334,38 @@ def check_determinism(case: Case) -> None:
             raise fail(case, "determinism", "two calls on the same inputs differ bitwise", [
                 f"first differing shard: device {dev}, first differing byte {int(diff[0][0])}",
             ])  # fmt: skip
+
+
+def check_eager(case: Case) -> None:
+    """Called outside ``jax.jit``, as users call kernels too, on the inputs of the jitted run: the
+    result's shape and dtype, and every shard against the float64 reference within the dtype's
+    tolerance, as under jit (so bitwise for data movement, whose tolerance is zero). A kernel whose
+    Python takes another path on concrete arrays (a host read of its global input to log a
+    checksum: fine in one process, an error in a job where the input is not fully addressable; a
+    shortcut for small inputs) is caught here.
+
+    Not bitwise for arithmetic: outside jit a ``shard_map`` body runs op by op, and XLA fuses the
+    jitted program, so a matmul split into partial sums may round differently in its last bit
+    (measured on the bidirectional rings: 1 ulp on a few elements); JAX promises no more.
+    """
+    inputs64, jitted_out = _run(case, "eager")
+    try:
+        with compat.unfiltered_tracebacks():
+            eager_out = runner.execute_eagerly(case)
+            jax.block_until_ready(eager_out)
+    except Exception as e:
+        details = [*error_locations(e), error_text(e)]
+        raise fail(case, "eager", f"raised {type(e).__name__} when called outside jax.jit (under jit it "
+                   "returns)", details) from e  # fmt: skip
+    if not isinstance(eager_out, jax.Array):
+        raise fail(case, "eager", f"returned {type(eager_out).__name__} outside jax.jit, not a jax.Array")
+    if tuple(eager_out.shape) != tuple(jitted_out.shape) or eager_out.dtype != jitted_out.dtype:
+        raise fail(case, "eager", f"outside jax.jit the result is {eager_out.dtype}{list(eager_out.shape)}, "
+                   f"under jit {jitted_out.dtype}{list(jitted_out.shape)}")  # fmt: skip
+    spec = case.spec
+    _compare_shards(case, "eager", eager_out, spec.expected(inputs64, axis_size=case.mesh.axis_size),
+                    spec.tolerance(*inputs64, case.dtype),
+                    subject="outside jax.jit the values differ")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1063,6 +1102,7 @@ CHECKS: dict[str, Callable[[Case], object]] = {
     "tpu_layout": check_tpu_layout,
     "dtype": check_dtype,
     "determinism": check_determinism,
+    "eager": check_eager,
     "collectives": check_collectives,
     "cross_lowering": check_cross_lowering,
     "bad_inputs": check_bad_inputs,

@@ -189,6 +189,19 @@ class ProgramMismatch(RuntimeError):
     """The ranks traced different programs for the same call."""
 
 
+def by_message(per_rank: list[tuple[int, str]], size: int) -> list[str]:
+    """Each distinct message once, led by the ranks that gave it (``[ranks 0, 2 of 4] text``), in
+    the order of the lowest rank giving each: ranks can fail one test differently (one times out,
+    another raises the wrong error), and every rank's own message is shown."""
+    groups: dict[str, list[int]] = {}
+    for rank, text in per_rank:
+        groups.setdefault(text, []).append(rank)
+    return [
+        f"[{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} of {size}] {text}"
+        for text, ranks in groups.items()
+    ]
+
+
 def agree_on_program(lowered, what: str) -> None:
     """Every rank must have traced the same program (``lowered``, a ``jax.stages.Lowered``) for ``what``."""
     if not is_multi_process():

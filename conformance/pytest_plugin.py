@@ -44,12 +44,15 @@ marker names.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import fnmatch
 import importlib
 import json
+import os
 import re
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -69,6 +72,7 @@ from conformance import (
     runner,
     specs,
     strategies,
+    transfers,
 )
 from conformance.fixtures import devices as devices_lib
 from conformance.fixtures import meshes
@@ -154,6 +158,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     if config.getoption("distributed") or distributed.launched():
+        # Registered before JAX's own shutdown handler, so it runs after it (atexit runs in reverse).
+        atexit.register(_exit_past_abandoned_calls, config)
         distributed.initialize()
     runner.HANG_TIMEOUT_S = config.getoption("hang_timeout")
     isolation.CHECK_TIMEOUT_S = config.getoption("check_timeout")
@@ -177,6 +183,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     isolation.Worker.stop_shared()
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+def _exit_past_abandoned_calls(config: pytest.Config) -> None:
+    """Last at exit of a rank of a job: if a call the suite abandoned after it hung still has its
+    thread blocked (in the job's key-value store, say), end the process now, with pytest's exit
+    status, naming the calls. Left to Python's finalization, such a thread makes the process abort
+    ("terminate called after throwing ..."), which a launcher can only report as a crash."""
+    abandoned = transfers.abandoned_calls()
+    if not abandoned:
+        return
+    status = config.stash.get(_EXIT_STATUS, 1)
+    where = "; ".join(abandoned)
+    distributed.note_current_test(f"(after its tests, ending past abandoned call(s): {where})")
+    sys.stdout.flush()
+    sys.stderr.write(f"conformance: this rank ends with exit status {status} without waiting for "
+                     f"{len(abandoned)} call(s) it abandoned after they hung: {where}\n")  # fmt: skip
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @pytest.fixture(scope="module")
@@ -541,11 +568,19 @@ def _agree_on_outcome(rep: pytest.TestReport) -> None:
         rep.outcome, rep.longrepr = "failed", f"could not agree on this test's outcome across ranks: {e}"
         return
     failed = [(r, json.loads(t)) for r, t in enumerate(texts) if json.loads(t)["outcome"] == "failed"]
-    if failed and not rep.failed:
-        rank, other = failed[0]
+    me = distributed.rank_and_size()[0]
+    others = [(r, v["line"]) for r, v in failed if r != me]
+    if others and not rep.failed:
+        rank, line = others[0]
         ranks = ", ".join(str(r) for r, _ in failed)
+        lines = distributed.by_message(others, len(texts))
         rep.outcome = "failed"
-        rep.longrepr = f"failed on rank {rank} of {len(texts)} (ranks {ranks}): {other['line']}"
+        rep.longrepr = f"failed on rank {rank} of {len(texts)} (ranks {ranks}): {line}"
+        if len(lines) > 1:  # every other rank's own message, identical ones once
+            rep.longrepr += "\n" + "\n".join(lines)
+    elif others and rep.failed and any(line != mine["line"] for _, line in others):
+        lines = distributed.by_message(others, len(texts))
+        rep.longrepr = f"{rep.longrepr}\n--- the other failing ranks' messages ---\n" + "\n".join(lines)
 
 
 def _first_line(rep: pytest.TestReport) -> str:
@@ -791,6 +826,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
+    config.stash[_EXIT_STATUS] = int(exitstatus)
     if not OUTCOMES:
         return
     made = tables()

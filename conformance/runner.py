@@ -481,6 +481,13 @@ def execute(
     return tuple(a.astype(np.float64) for a in inputs), out
 
 
+def execute_eagerly(case: Case) -> jax.Array:
+    """Run ``case`` once outside ``jax.jit`` (the kernel's Python on concrete arrays, as a user
+    calling it eagerly runs it), on the inputs :func:`execute_cached` uses."""
+    fn = bound(case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name, case.dma_mode)
+    return _run_guarded(case, fn, place(case, make_inputs(case)))
+
+
 def execute_pullback(
     case: Case, *, inputs: tuple[np.ndarray, ...] | None = None, cotangent: np.ndarray | None = None
 ) -> tuple[tuple[np.ndarray, ...], np.ndarray, tuple[jax.Array, ...]]:

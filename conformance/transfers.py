@@ -332,6 +332,11 @@ class _Caller:
 _CALLER = _Caller()
 
 
+def abandoned_calls() -> list[str]:
+    """Where each call this process gave up on as hung was (its thread may still be blocked)."""
+    return [f"{impl}: {where}" for impl, where in _CALLER.hung.items()]
+
+
 def bounded_call(t: Transfer, check: str, fn: Callable[[], object], *, timeout: float | None = None):
     """``fn()`` (its result waited for) run on the caller thread; an exception propagates, a call
     that does not return within ``timeout`` (default :func:`call_timeout_s`) fails the check, and

@@ -38,6 +38,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_backward_ring_stops_after_three_hops": "test_gradients",
     "broken_backward_rounds_partial_sums_each_hop": "test_backward_accuracy",
     "broken_backward_gathers_lhs_as_float32": "test_lowered_bytes",
+    "broken_eager_path_rotates_rows": "test_eager",
 }
 #: broken implementation -> a phrase its failure message must contain
 EXPECTED_MESSAGE: dict[str, str] = {
@@ -46,6 +47,7 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_backward_ring_stops_after_three_hops": "mesh(x=8",
     "broken_backward_rounds_partial_sums_each_hop": "ring carries float32 accumulators",
     "broken_backward_gathers_lhs_as_float32": "the backward pass lowered for tpu moves more",
+    "broken_eager_path_rotates_rows": "outside jax.jit",
 }
 
 
@@ -260,3 +262,14 @@ def broken_backward_gathers_lhs_as_float32(lhs, rhs, *, mesh, axis_name):
     name = "broken_backward_gathers_lhs_as_float32"
     return _ring_with_reduce_scatter_d_lhs(lhs, rhs, mesh=mesh, axis_name=axis_name, name=name,
                                            gather_lhs_as_float32=True)  # fmt: skip
+
+
+@conformance.register(
+    "allgather_matmul",
+    name="broken_eager_path_rotates_rows",
+    description="right under jax.jit; called eagerly it takes a 'fast path' that gathers lhs one shard off",
+)
+def broken_eager_path_rotates_rows(lhs, rhs, *, mesh, axis_name):
+    if not isinstance(lhs, jax.core.Tracer):  # concrete arrays: called outside jit
+        lhs = jnp.roll(lhs, lhs.shape[0] // mesh.shape[axis_name], axis=0)
+    return good_ring.ring_allgather_matmul_unidirectional(lhs, rhs, mesh=mesh, axis_name=axis_name)

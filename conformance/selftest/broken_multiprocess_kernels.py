@@ -9,6 +9,9 @@ cleanly, naming the rank and the test, in bounded time.
   collective until the launcher's timeout.
 - ``broken_mp_reads_nonaddressable``: ``np.asarray`` of the global input outside ``jit``,
   which no rank can do in a multi-process job: it fails naming the call.
+- ``broken_mp_logs_checksum_eagerly``: called outside ``jit`` it logs a checksum of its global
+  input (``np.asarray``): right in one process, an error in a job, where the input is not fully
+  addressable; the eager check must fail it on every rank (under ``jit`` it is right everywhere).
 - ``broken_mp_claims_per_rank`` (send_recv): its ``supports`` reads ``jax.process_index()``,
   so rank 1 skips the case as not claimed while rank 0 runs it; rank 0 must not wait for rank
   1's verdict of the check, which never comes (a rank that raised where it holds no shard, on
@@ -27,6 +30,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
+from conformance.kernels.allgather_matmul import ring
 
 
 def _gather_then_multiply(lhs, rhs, *, mesh, axis_name, scale=1.0):
@@ -81,6 +85,17 @@ def broken_mp_reads_nonaddressable(lhs, rhs, *, mesh, axis_name):
     if np.asarray(lhs).size == 0:  # reads every shard, including other processes' ones
         raise ValueError("empty lhs")
     return _gather_then_multiply(lhs, rhs, mesh=mesh, axis_name=axis_name)
+
+
+#: Checksums the eager kernel logged (in one process, where it works).
+CHECKSUMS: list[float] = []
+
+
+@conformance.register("allgather_matmul", name="broken_mp_logs_checksum_eagerly")
+def broken_mp_logs_checksum_eagerly(lhs, rhs, *, mesh, axis_name):
+    if not isinstance(lhs, jax.core.Tracer):  # concrete arrays: called outside jit
+        CHECKSUMS.append(float(np.asarray(lhs, np.float64).sum()))  # every shard, other processes' too
+    return ring.ring_allgather_matmul_bidirectional(lhs, rhs, mesh=mesh, axis_name=axis_name)
 
 
 def _claimed_on_rank_zero_only(**_) -> str | None:

@@ -23,14 +23,19 @@ from conformance import mosaic
 EXPECTED_PASS: dict[str, set[str]] = {
     # The style of JAX's Pallas TPU distributed tutorial: no barrier semaphore, no collective_id,
     # so JAX puts a device barrier before the kernel. barrier_protocol once failed it.
-    "correct_pallas_ring_default_barrier": {"test_barrier_protocol", "test_values", "test_races"},
+    "correct_pallas_ring_default_barrier": {
+        "test_barrier_protocol",
+        "test_values",
+        "test_races",
+        "test_eager",
+    },
     # `//` on a traced integer: from JAX 0.10 its TPU lowering asks the local device which TPU it
     # is, so this CPU host cannot lower it. tpu_layout once failed it for that; it must be skipped
     # with the reason (or pass, on a JAX that lowers it).
     "correct_pallas_ring_pipelined_loop": {"test_values", "test_tpu_layout", "test_cross_lowering"},
     # No validation of its own: shard_map's divisibility error names the values. On an Explicit mesh
     # JAX also refuses valid replicated inputs, so bad_inputs must judge it on the Auto twin.
-    "correct_allgather_matmul_without_validation": {"test_bad_inputs", "test_values"},
+    "correct_allgather_matmul_without_validation": {"test_bad_inputs", "test_values", "test_eager"},
     # Rings as `lax.scan` / `fori_loop`: one step per while-loop body, a ppermute and a matmul side by
     # side. The overlap check must judge the body's dataflow as a step of the ring, not the loop as one
     # op; in a module lowered for a target the loop's trip count is not yet known.
@@ -40,12 +45,14 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_values",
         "test_collectives",
         "test_lowered_bytes",
+        "test_eager",
     },
     "correct_matmul_reduce_scatter_ring_fori_loop": {
         "test_overlap",
         "test_values",
         "test_collectives",
         "test_lowered_bytes",
+        "test_eager",
     },
 }
 #: A skip with this text is the host's limit, not the kernel's failure.

@@ -92,6 +92,26 @@ def test_a_kernel_reading_other_ranks_data_fails_naming_the_call(tmp_path: Path)
     assert not _left_behind()
 
 
+def test_a_kernel_reading_its_global_input_when_called_eagerly_fails_the_eager_check(tmp_path: Path) -> None:
+    """Called outside jit, the kernel logs a checksum of its input (``np.asarray``): right in one
+    process and under jit in a job, an error outside jit in a job; the built-in ring passes."""
+    done, _ = _launch(tmp_path, "--impl=broken_mp_logs_checksum_eagerly,ring_allgather_matmul_bidirectional",
+                      "-k", "test_eager or (test_values and 2-x-auto)", timeout=300)  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 1, out[-5000:]
+    failed = {line.split("::", 1)[1] for line in out.splitlines() if line.startswith("FAILED ")}
+    assert failed == {
+        f"test_eager[broken_mp_logs_checksum_eagerly-{m}-cpu]" for m in ("2-x-auto", "4x2-x-explicit")
+    }, (
+        failed,
+        out[-4000:],
+    )
+    assert "raised" in out and "when called outside jax.jit" in out and "np.asarray(lhs" in out, out[-4000:]
+    assert "failed on ranks: 0, 1 of 2" in out
+    assert re.search(r"allgather_matmul/ring_allgather_matmul_bidirectional +ok +\d+P", out), out[-3000:]
+    assert not _left_behind()
+
+
 def test_a_rank_that_leaves_a_test_early_fails_it_on_every_rank_at_once(tmp_path: Path) -> None:
     """Rank 1 does not claim the case (a ``supports`` that reads the process index): it posts the
     test's outcome, never a verdict of the check, which rank 0 (whose transfer passed) waits for:
@@ -157,4 +177,13 @@ def test_timeout_is_checked_where_one_side_stays_away(tmp_path: Path) -> None:
     for impl, message in kernels.EXPECTED_REJECTION_TIMEOUT.items():
         assert any(impl in t for t in failed), (impl, failed)
         assert re.search(rf"\[timeout\] send_recv/{impl}: .*{re.escape(message)}", out), (impl, out[-4000:])
+    # each rank's own message: the receiver's call hung, the sender's next transfer was refused
+    assert "[rank 0 of 2] [timeout] send_recv/broken_sr_timeout_ignored: did not return" in out, out[-6000:]
+    assert "[rank 1 of 2] [timeout] send_recv/broken_sr_timeout_ignored: the transfer after" in out, out[
+        -6000:
+    ]
+    # a rank holding a call it abandoned ends itself, naming the call, instead of aborting at exit
+    assert "terminate called" not in out and "SIGABRT" not in out, out[-4000:]
+    ended = re.search(r"ending past abandoned call\(s\): .*broken_sr_timeout_ignored: timeout", out)
+    assert ended, out[-4000:]
     assert took < 120, took

@@ -39,7 +39,7 @@ KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_ke
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
 EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
 STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_determinism", "test_collectives",
-                  "test_cross_lowering", "test_bad_inputs", "test_lowered_bytes"}  # fmt: skip
+                  "test_cross_lowering", "test_bad_inputs", "test_lowered_bytes", "test_eager"}  # fmt: skip
 PALLAS = {"test_races", "test_barrier_protocol", "test_tpu_layout", "test_tpu_native_values"}
 AUTODIFF = {"test_gradients", "test_backward_collectives"}
 ACCURACY = {"test_accuracy", "test_backward_accuracy"}
