@@ -59,7 +59,10 @@ BUILTINS = {
 #: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of 4 and
 #: a 2-D mesh and the longest ring, plus the mesh-less tests.
 SUBSET_MESHES = ("4-x-explicit", "2x4-y-auto", "8-x-explicit")
-BUILTIN_SUBSET = " or ".join(f"-{m}" for m in SUBSET_MESHES) + " or test_tpu_layout or seed or tpu_refusals"
+#: (the eager check runs on meshes of its own, family_tests.EAGER_MESHES: all of them)
+BUILTIN_SUBSET = (
+    " or ".join(f"-{m}" for m in SUBSET_MESHES) + " or test_tpu_layout or test_eager or seed or tpu_refusals"
+)
 #: ``CONFORMANCE_SELFTEST_SCOPE=versions`` (the cpu-oldest and cpu-newest envs): is each broken kernel
 #: still rejected, and each correct one of another style still passed, on this JAX? The built-ins are
 #: left out (the env's cpu run just ran them on every mesh) and every kernel runs on the subset's
