@@ -559,20 +559,14 @@ def _places(t: Transfer, check: str, what: str, dst: NamedSharding, out: object)
     compare_shards(t, out, check, placement=dst, details=(f"destination    : {what}: {dst!r}",))
 
 
-def check_bad_destination(t: Transfer, what: str, dst: NamedSharding, must: list[str]) -> None:
-    """A destination the contract forbids is refused with an error naming both shardings."""
+def _call_to(t: Transfer, check: str, dst: NamedSharding) -> tuple[object | None, Exception | None]:
+    """One bounded call of the implementation to ``dst``: ``(result, None)`` or ``(None, its error)``."""
     try:
-        out = bounded_call(t, "bad_destination", lambda: t.implementation.fn(t.x, dst=dst))
+        return bounded_call(t, check, lambda: t.implementation.fn(t.x, dst=dst)), None
     except ConformanceFailure:
         raise
     except Exception as e:
-        _named_in_refusal(t, "bad_destination", what, dst, must, e)
-        return
-    raise t.fail(
-        "bad_destination",
-        f"accepted {what} instead of refusing it",
-        [f"destination    : {dst!r}", f"returned       : {getattr(out, 'sharding', type(out))!r}"],
-    )
+        return None, e
 
 
 def _named_in_refusal(
@@ -588,29 +582,36 @@ def _named_in_refusal(
         ) from None
 
 
+def check_bad_destination(t: Transfer, what: str, dst: NamedSharding, must: list[str]) -> None:
+    """A destination the contract forbids is refused with an error naming both shardings."""
+    out, error = _call_to(t, "bad_destination", dst)
+    if error is not None:
+        _named_in_refusal(t, "bad_destination", what, dst, must, error)
+        return
+    raise t.fail(
+        "bad_destination",
+        f"accepted {what} instead of refusing it",
+        [f"destination    : {dst!r}", f"returned       : {getattr(out, 'sharding', type(out))!r}"],
+    )
+
+
 def check_same_placement(t: Transfer, what: str, dst: NamedSharding) -> None:
     """A destination spelled otherwise that is the source's placement after all (see
     :func:`same_placement`) is a valid one: the bytes, bit for bit, where it says; no refusal."""
-    try:
-        out = bounded_call(t, "bad_destination", lambda: t.implementation.fn(t.x, dst=dst))
-    except ConformanceFailure:
-        raise
-    except Exception as e:
-        details = [f"destination    : {dst!r}", f"error          : {error_text(e)}"]
+    out, error = _call_to(t, "bad_destination", dst)
+    if error is not None:
+        details = [f"destination    : {dst!r}", f"error          : {error_text(error)}"]
         raise t.fail("bad_destination", f"refused {what}, which places every block where dst does "
-                     "(an equivalent destination: move it)", details) from None  # fmt: skip
+                     "(an equivalent destination: move it)", details)  # fmt: skip
     _places(t, "bad_destination", what, dst, out)
 
 
 def check_block_map(t: Transfer, what: str, dst: NamedSharding, must: list[str]) -> None:
     """A destination with the source's shard shapes and another block-to-device map: refused,
     naming both specs, or moved with every block bit-exact where ``dst`` says."""
-    try:
-        out = bounded_call(t, "block_map", lambda: t.implementation.fn(t.x, dst=dst))
-    except ConformanceFailure:
-        raise
-    except Exception as e:
-        _named_in_refusal(t, "block_map", what, dst, must, e)
+    out, error = _call_to(t, "block_map", dst)
+    if error is not None:
+        _named_in_refusal(t, "block_map", what, dst, must, error)
         return
     _places(t, "block_map", what, dst, out)
 
