@@ -1104,6 +1104,7 @@ CHECKS: dict[str, Callable[[Case], object]] = {
     "determinism": check_determinism,
     "eager": check_eager,
     "collectives": check_collectives,
+    "overlap": check_overlap,
     "cross_lowering": check_cross_lowering,
     "bad_inputs": check_bad_inputs,
     "races": check_races,

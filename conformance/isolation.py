@@ -233,6 +233,8 @@ class Worker:
         outcome = answer["outcome"]
         if outcome == "passed":
             return
+        if outcome == "not_judged":
+            raise checks.NotJudged(answer["message"])
         if outcome == "skipped":
             if answer.get("hung"):
                 self.proc.wait()  # it ended itself; the next check starts a fresh worker
@@ -301,6 +303,8 @@ def _serve(out: TextIO) -> None:
             answer = _failure_message(failure)
         except compat.HostLimit as limit:
             answer = {"outcome": "skipped", "message": str(limit)}
+        except checks.NotJudged as why:
+            answer = {"outcome": "not_judged", "message": str(why)}
         except Exception as error:  # a fault of the suite, not a verdict: the parent raises it
             import traceback
 

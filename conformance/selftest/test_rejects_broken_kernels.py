@@ -262,3 +262,30 @@ def test_replay_command_reproduces_a_failure(verdicts) -> None:
                           timeout=600)  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED values" in proc.stdout and "first wrong index" in proc.stdout, proc.stdout
+
+
+def test_replay_of_an_overlap_failure_reproduces_it(verdicts) -> None:
+    """Every failure's replay line must run: ``overlap`` was once missing from the replay's checks."""
+    message = next(
+        m for o, m in verdicts["broken_agmm_gathers_then_multiplies"]["test_overlap"] if o == "failed"
+    )
+    argv = shlex.split(re.search(r"replay\s+: (python -m conformance replay .*)", message)[1])
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED overlap" in proc.stdout and "hideable" in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("impl", ["xla_all_gather", "pallas_ring_all_gather_bidirectional"])
+def test_a_replay_with_nothing_to_judge_says_so(impl: str) -> None:
+    """Not a traceback, not a pass: the check has nothing to judge in this kernel (in the process, and
+    from the worker process a Pallas kernel's check runs in)."""
+    if SCOPE == "versions":
+        pytest.skip("CONFORMANCE_SELFTEST_SCOPE=versions: run in the selftest env")
+    token = "4-x-explicit:rows_per_shard=3,cols=128:float32:seed=0" + (
+        ":dma=on_wait" if "pallas" in impl else ""
+    )
+    command = [sys.executable, "-m", "conformance", "replay", "overlap", "all_gather", impl, token]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "NOT JUDGED overlap: " in proc.stdout and "Traceback" not in proc.stdout + proc.stderr, proc.stdout
