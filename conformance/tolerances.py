@@ -15,6 +15,13 @@ rounding is not part of the error; only the kernel's own arithmetic is.
   the terms are small and never excuses a wrong row or column (whose error is of
   the order of ``|lhs| @ |rhs|`` itself, far above ``gamma_{K+1}`` for the K the
   strategies draw).
+  Higham's bound is relative and assumes no underflow. A result (or a product) in the dtype's
+  subnormal range is rounded to an absolute spacing instead: each such rounding errs by up to
+  :data:`UNDERFLOW_ERROR` (half the subnormal spacing; Higham eq. 2.8, gradual underflow, where
+  sums of subnormals are exact), so the bound adds ``(K + 1) * (1 + gamma_{K+1}) * eta``: one per
+  product and one for the final rounding. It matters for float16 only (subnormals below 6.1e-5,
+  spacing 6e-8), where a gradient of small terms lands there; for the other dtypes it is below
+  1e-38.
 * Integer dtypes are exact: the strategies keep values small enough that no
   partial sum can overflow.
 """
@@ -29,6 +36,15 @@ UNIT_ROUNDOFF: dict[str, float] = {
     "float32": 2.0**-24,
     "float16": 2.0**-11,
     "bfloat16": 2.0**-8,
+}
+
+#: Half the spacing of the dtype's subnormals, ``2**(emin - p)``: what one rounding into the
+#: subnormal range may err by, whatever the magnitude (float64's underflows to 0 here, harmlessly).
+UNDERFLOW_ERROR: dict[str, float] = {
+    "float64": 0.0,
+    "float32": 2.0**-150,
+    "float16": 2.0**-25,
+    "bfloat16": 2.0**-134,
 }
 
 #: Largest |value| the input generators produce for integer dtypes.
@@ -57,7 +73,9 @@ def data_movement_tolerance(shape: tuple[int, ...]) -> np.ndarray:
 def matmul_tolerance(lhs: np.ndarray, rhs: np.ndarray, dtype: str) -> np.ndarray:
     """Elementwise bound on ``|computed - exact|`` for ``lhs @ rhs`` computed in ``dtype``."""
     k = lhs.shape[-1]
-    return gamma(k + 1, dtype) * (np.abs(lhs) @ np.abs(rhs))
+    g = gamma(k + 1, dtype)
+    underflow = 0.0 if is_exact(dtype) else (k + 1) * (1 + g) * UNDERFLOW_ERROR[dtype]
+    return g * (np.abs(lhs) @ np.abs(rhs)) + underflow
 
 
 def matmul_vjp_reference(lhs: np.ndarray, rhs: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
