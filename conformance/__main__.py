@@ -29,8 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         from conformance import launch
 
         return launch.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     replay = sub.add_parser("replay", help="re-run one check on one case")
     replay.add_argument("check")
@@ -39,27 +42,50 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("case", help="MESH:DIM=V,...:DTYPE:seed=S, as printed in the failure")
     replay.add_argument("--platform", default="cpu")
     replay.add_argument("--kernels", action="append", default=[])
-    replay.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
-                        help="stop a Pallas kernel running longer than this in interpret mode")  # fmt: skip
-    replay.add_argument("--check-timeout", type=float, default=None, metavar="SECONDS",
-                        help="stop the worker process when the check takes longer")  # fmt: skip
-    replay.add_argument("--isolation", choices=("process", "off"), default="process",
-                        help="check Pallas kernels on CPU in a stoppable worker process")  # fmt: skip
+    replay.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop a Pallas kernel running longer than this in interpret mode",
+    )
+    replay.add_argument(
+        "--check-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop the worker process when the check takes longer",
+    )
+    replay.add_argument(
+        "--isolation",
+        choices=("process", "off"),
+        default="process",
+        help="check Pallas kernels on CPU in a stoppable worker process",
+    )
     sub.add_parser("launch", help="run a command as N local processes of one JAX job (launch --help)")
     listing = sub.add_parser("list", help="list registered implementations per family")
     listing.add_argument("--kernels", action="append", default=[])
     args = parser.parse_args(argv)
     _load([m for opt in args.kernels for m in opt.split(",") if m])
 
-    from conformance import checks, compat, isolation, registry, runner, specs
+    from conformance import checks, registry, specs
+    from conformance.run import run_check
     from conformance.runner import Case
+    from conformance.session import Session, Settings
 
     if args.command == "list":
         for family in specs.FAMILIES:
             print(f"{family}: {specs.get(family).summary}")
             for impl in registry.registered(family):
-                traits = [t for t, on in (("baseline", impl.baseline), ("Pallas", impl.pallas),
-                                          ("differentiable", impl.differentiable)) if on]  # fmt: skip
+                traits = [
+                    t
+                    for t, on in (
+                        ("baseline", impl.baseline),
+                        ("Pallas", impl.pallas),
+                        ("differentiable", impl.differentiable),
+                    )
+                    if on
+                ]
                 tag = f" ({', '.join(traits)})" if traits else ""
                 declared = (("dtypes", impl.dtypes), ("platforms", impl.platforms))
                 claims = [f"{k}={','.join(v)}" for k, v in declared if v is not None]
@@ -75,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown family {args.family!r}; known: {', '.join(specs.FAMILIES)}", file=sys.stderr)
         return 2
     if args.family not in specs.shard_map_families():
-        print(f"{args.family}: its checks replay through pytest; each failure prints the command "
-              "(pytest 'PATH::TEST[ID]')", file=sys.stderr)  # fmt: skip
+        print(
+            f"{args.family}: its checks replay through pytest; each failure prints the command "
+            "(pytest 'PATH::TEST[ID]')",
+            file=sys.stderr,
+        )
         return 2
     try:
         registry.get(args.family, args.impl)
@@ -85,24 +114,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     case = Case.from_token(args.family, args.impl, args.case, platform=args.platform)
     print("\n".join(case.describe()))
-    if args.hang_timeout is not None:
-        runner.HANG_TIMEOUT_S = args.hang_timeout
-    if args.check_timeout is not None:
-        isolation.CHECK_TIMEOUT_S = args.check_timeout
-    isolation.MODE = args.isolation
+    bounds = {"hang_timeout_s": args.hang_timeout, "check_timeout_s": args.check_timeout}
+    settings = Settings(isolation=args.isolation, **{k: v for k, v in bounds.items() if v is not None})
+    session = Session(settings)
     try:
-        isolation.call(checks.CHECKS[args.check], case)
-    except checks.ConformanceFailure as failure:
-        print(f"\nFAILED {args.check}\n{failure}")
-        return 1
-    except compat.HostLimit as limit:
-        print(f"\nSKIPPED {args.check}: {limit}")
-        return 0
-    except checks.NotJudged as why:  # nothing to judge in this kernel: neither a pass nor a failure
-        print(f"\nNOT JUDGED {args.check}: {why}")
-        return 0
+        outcome = run_check(args.check, case, session)
     finally:
-        isolation.Worker.stop_shared()
+        session.close()
+    if outcome.verdict == "failed":
+        print(f"\nFAILED {args.check}\n{outcome.message}")
+        return 1
+    # not judged: nothing to judge in this kernel, neither a pass nor a failure
+    label = {"skipped": "SKIPPED", "not_judged": "NOT JUDGED"}.get(outcome.verdict)
+    if label:
+        print(f"\n{label} {args.check}: {outcome.message}")
+        return 0
     print(f"\nPASSED {args.check}")
     return 0
 

@@ -28,14 +28,23 @@ from collections.abc import Sequence
 from absl.testing import absltest, parameterized
 
 from conformance import checks as checks_module
-from conformance import claims, compat, isolation, registry, runner, specs, strategies
+from conformance import claims, compat, registry, runner, specs, strategies
 from conformance.fixtures import devices as devices_lib
 from conformance.fixtures.meshes import MESH_CONFIGS, build_mesh, parse_mesh
+from conformance.run import run_check
+from conformance.session import Session
 from conformance.specs.base import FIXED_SHAPES
 
 #: The checks a generated TestCase runs when none are named (each one compile per mesh and shape).
-DEFAULT_CHECKS = ("values", "output_sharding", "dtype", "determinism", "collectives", "cross_lowering",
-                  "bad_inputs")  # fmt: skip
+DEFAULT_CHECKS = (
+    "values",
+    "output_sharding",
+    "dtype",
+    "determinism",
+    "collectives",
+    "cross_lowering",
+    "bad_inputs",
+)
 
 
 def _name(text: str) -> str:
@@ -62,24 +71,42 @@ def conformance_test_case(
     if unknown:
         raise ValueError(f"unknown checks {unknown}; one of {', '.join(checks_module.CHECKS)}")
     params = [
-        {"testcase_name": _name(f"_{impl}_{config.label}_{shape}"), "impl": impl, "mesh_label": config.label,
-         "shape": shape}
-        for impl in names for config in configs for shape in FIXED_SHAPES
-    ]  # fmt: skip
+        {
+            "testcase_name": _name(f"_{impl}_{config.label}_{shape}"),
+            "impl": impl,
+            "mesh_label": config.label,
+            "shape": shape,
+        }
+        for impl in names
+        for config in configs
+        for shape in FIXED_SHAPES
+    ]
+
+    # The class's session: default bounds, one worker process kept warm across its tests.
+    session = Session()
 
     def make_test(check_name: str):
         def test(self: parameterized.TestCase, impl: str, mesh_label: str, shape: str) -> None:
-            _run_one(self, family, impl, check_name, parse_mesh(mesh_label), shape, dtype, platform)
+            _run_one(self, session, family, impl, check_name, parse_mesh(mesh_label), shape, dtype, platform)
 
         test.__name__ = f"test_{check_name}"
         test.__doc__ = f"conformance check {check_name!r} of {family} ({spec.summary})"
         return parameterized.named_parameters(*params)(test)
 
     body = {f"test_{c}": make_test(c) for c in checks}
-    return type(f"{_name(family).title()}ConformanceTest", (parameterized.TestCase,), body)
+    generated = type(f"{_name(family).title()}ConformanceTest", (parameterized.TestCase,), body)
+
+    def tear_down_class(cls: type) -> None:
+        try:
+            super(generated, cls).tearDownClass()
+        finally:
+            session.close()  # the worker process, if a Pallas kernel started one
+
+    generated.tearDownClass = classmethod(tear_down_class)
+    return generated
 
 
-def _run_one(test, family, impl, check_name, mesh, shape, dtype, platform) -> None:
+def _run_one(test, session, family, impl, check_name, mesh, shape, dtype, platform) -> None:
     if not devices_lib.has_platform(platform):
         test.skipTest(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
     if len(devices_lib.devices_of(platform)) < mesh.num_devices:
@@ -95,14 +122,11 @@ def _run_one(test, family, impl, check_name, mesh, shape, dtype, platform) -> No
     dma_mode = "on_wait" if platform == "cpu" and registry.get(family, impl).pallas else None
     case = runner.Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
     build_mesh(mesh, platform)
-    try:
-        isolation.call(checks_module.CHECKS[check_name], case)
-    except checks_module.ConformanceFailure as failure:
-        test.fail(str(failure))
-    except compat.HostLimit as limit:
-        test.skipTest(f"{impl}: {limit}")
-    except checks_module.NotJudged as why:
-        test.skipTest(f"{impl}: not judged: {why}")
+    outcome = run_check(check_name, case, session)
+    if outcome.verdict == "failed":
+        test.fail(outcome.message)
+    if outcome.verdict in ("skipped", "not_judged"):
+        test.skipTest(outcome.skip_reason)
 
 
 def main(*args, **kwargs) -> None:
@@ -110,7 +134,4 @@ def main(*args, **kwargs) -> None:
     problem = compat.ensure_cpu_devices(devices_lib.CPU_DEVICE_COUNT)
     if problem:
         raise SystemExit(f"{problem}: call conformance.absltest.main() before anything starts a JAX backend")
-    try:
-        absltest.main(*args, **kwargs)
-    finally:
-        isolation.Worker.stop_shared()
+    absltest.main(*args, **kwargs)

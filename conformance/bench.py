@@ -8,8 +8,8 @@ from collections import defaultdict
 from conformance import runner, specs
 from conformance.runner import Case
 
-#: Benchmark rows of this run, for the tables at its end.
-RECORDS: list[BenchRecord] = []
+#: Where a run log keeps the benchmark rows of its run (:meth:`conformance.results.RunLog.add_records`).
+SOURCE = "benchmark"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +26,8 @@ class BenchRecord:
     received_bytes: int
     platform: str
     dtype: str = "float32"
+    #: A transfer between two sets of devices (one link per pair), not a collective over a ring.
+    point_to_point: bool = False
 
     @property
     def algbw(self) -> float:
@@ -34,7 +36,7 @@ class BenchRecord:
     @property
     def busbw(self) -> float:
         """nccl-tests: ``algbw * (n - 1) / n`` for a ring of n; ``algbw`` for sendrecv (one link per pair)."""
-        if self.family == "send_recv":
+        if self.point_to_point:
             return self.algbw
         return self.algbw * (self.ring - 1) / self.ring
 
@@ -66,13 +68,12 @@ def size_ladder(spec: str) -> list[int]:
 
 
 def dims_for(family: str, shard_bytes: int, itemsize: int = 4) -> dict[str, int]:
-    """The family's dims for a device's input shard of about ``shard_bytes``: 128 lanes wide, the
-    rows filling the rest (a matmul's other dims 128 too)."""
+    """The family's dims for a device's input shard of about ``shard_bytes``: its first dim (the rows
+    of the shard) filling what 128 of each other dim leaves (lanes 128 wide, a matmul's other dims
+    128 too)."""
     rows = max(1, shard_bytes // (128 * itemsize))
     spec = specs.get(family)
-    dims = {name: 128 for name in spec.dims}
-    dims["rows_per_shard"] = rows
-    return dims
+    return {name: rows if i == 0 else 128 for i, name in enumerate(spec.dims)}
 
 
 def size_bytes(case: Case) -> int:
@@ -103,18 +104,22 @@ def tables(records: list[BenchRecord]) -> list[tuple[str, list[str]]]:
     for family, recs in sorted(by_family.items()):
         base = {(r.mesh, r.dtype, r.shard_bytes): r.median_s for r in recs if r.baseline}
         platforms = sorted({r.platform for r in recs})
-        what = "copies between simulated devices" if family == "send_recv" else "Pallas in interpret mode"
+        what = "copies between simulated devices" if recs[0].point_to_point else "Pallas in interpret mode"
         note = f"  (CPU figures: simulated devices, {what})" if platforms == ["cpu"] else ""
         title = f"benchmark {family} on {', '.join(platforms)}{note}"
         width = max(len(r.impl) for r in recs)
-        lines = [f"{'implementation':<{width}}  {'mesh':<16} {'dtype':<9} {'shard':>8} {'time us':>10} "
-                 f"{'vs base':>8} {'recv B/dev':>11} {'size B':>10} {'algbw GB/s':>10} "
-                 f"{'busbw GB/s':>10}"]  # fmt: skip
+        lines = [
+            f"{'implementation':<{width}}  {'mesh':<16} {'dtype':<9} {'shard':>8} {'time us':>10} "
+            f"{'vs base':>8} {'recv B/dev':>11} {'size B':>10} {'algbw GB/s':>10} "
+            f"{'busbw GB/s':>10}"
+        ]
         for r in sorted(recs, key=lambda r: (r.mesh, r.dtype, r.shard_bytes, not r.baseline, r.impl)):
             ratio = base.get((r.mesh, r.dtype, r.shard_bytes))
             vs = f"{r.median_s / ratio:8.2f}" if ratio else f"{'n/a':>8}"
-            head = (f"{r.impl:<{width}}  {r.mesh:<16} {r.dtype:<9} {r.shard_bytes:>8} "
-                    f"{r.median_s * 1e6:>10.1f} {vs} ")  # fmt: skip
+            head = (
+                f"{r.impl:<{width}}  {r.mesh:<16} {r.dtype:<9} {r.shard_bytes:>8} "
+                f"{r.median_s * 1e6:>10.1f} {vs} "
+            )
             lines.append(
                 head + f"{r.received_bytes:>11} {r.size_bytes:>10} {_rate(r.algbw)} {_rate(r.busbw)}"
             )

@@ -100,9 +100,16 @@ def adapt(
     claimed = (
         candidate
         for values in options
-        if reason(family, impl, platform=platform, mesh=mesh,
-                  dims=(candidate := dict(zip(names, values, strict=True))), dtype=dtype) is None
-    )  # fmt: skip
+        if reason(
+            family,
+            impl,
+            platform=platform,
+            mesh=mesh,
+            dims=(candidate := dict(zip(names, values, strict=True))),
+            dtype=dtype,
+        )
+        is None
+    )
     first = next(claimed, None)
     if first is None:
         raise NotClaimed(impl, why)

@@ -55,8 +55,10 @@ def ensure_cpu_devices(count: int) -> str | None:
     found = len(jax.devices("cpu"))
     if found >= count:
         return None
-    return (f"JAX's CPU backend had already started with {found} device(s) before the conformance suite "
-            f"could ask for {count}")  # fmt: skip
+    return (
+        f"JAX's CPU backend had already started with {found} device(s) before the conformance suite "
+        f"could ask for {count}"
+    )
 
 
 def make_mesh(

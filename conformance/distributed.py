@@ -44,8 +44,9 @@ def initialize() -> None:
         compat.configure_cpu_devices(int(devices))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if launched():  # the coordinator address comes from JAX_COORDINATOR_ADDRESS, which JAX reads
-        jax.distributed.initialize(num_processes=int(os.environ[NUM_PROCESSES]),
-                                   process_id=int(os.environ[PROCESS_ID]))  # fmt: skip
+        jax.distributed.initialize(
+            num_processes=int(os.environ[NUM_PROCESSES]), process_id=int(os.environ[PROCESS_ID])
+        )
     else:
         jax.distributed.initialize()
 
@@ -105,12 +106,16 @@ def job_layout_problem() -> str | None:
     local, total = jax.local_device_count(), jax.device_count()
     wanted = os.environ.get(DEVICES_PER_PROCESS)
     if wanted and local != int(wanted):
-        return (f"rank {rank}: this process has {local} local devices, but the job asked for {wanted} per "
-                f"process ({DEVICES_PER_PROCESS}); something set the CPU device count before the suite "
-                "joined the job")  # fmt: skip
+        return (
+            f"rank {rank}: this process has {local} local devices, but the job asked for {wanted} per "
+            f"process ({DEVICES_PER_PROCESS}); something set the CPU device count before the suite "
+            "joined the job"
+        )
     if total != local * size:
-        return (f"rank {rank}: the job's {size} processes have {total} devices in all, not {size} x {local}: "
-                "processes with different local device counts")  # fmt: skip
+        return (
+            f"rank {rank}: the job's {size} processes have {total} devices in all, not {size} x {local}: "
+            "processes with different local device counts"
+        )
     return None
 
 
@@ -178,8 +183,10 @@ def exchange(topic: str, text: str) -> list[str]:
         if len(got) < size:
             if time.monotonic() > deadline:
                 missing = [r for r in range(size) if r not in got]
-                raise RuntimeError(f"rank {rank}: ranks {missing} gave no {topic!r} answer in "
-                                   f"{AGREE_TIMEOUT_S:g} s in {_test[0] or 'collection'}")  # fmt: skip
+                raise RuntimeError(
+                    f"rank {rank}: ranks {missing} gave no {topic!r} answer in "
+                    f"{AGREE_TIMEOUT_S:g} s in {_test[0] or 'collection'}"
+                )
             time.sleep(pause)
             pause = min(pause * 2, _MAX_PAUSE_S)
     return [got[r] for r in range(size)]

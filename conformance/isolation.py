@@ -13,7 +13,7 @@ So each check of a Pallas kernel on CPU is sent to a worker process (started onc
 kept warm with its compile caches) and the verdict comes back. The bounds:
 
 * one kernel execution: ``--hang-timeout`` seconds (default 20), then the watchdog
-  aborts it; a kernel that has not unwound ``runner.ABORT_GRACE_S`` (10 s) later
+  aborts it; a kernel that has not unwound 10 s later (the session's ``abort_grace_s``)
   makes the worker report the frames the threads are stuck in, and exit;
 * one check, compiles included: ``--check-timeout`` seconds (default 300); past
   it the worker is stopped (its threads' stacks are dumped first).
@@ -27,7 +27,7 @@ pickle). Records the checks keep for the run's report (bytes, accuracy) come bac
 with the verdict. Isolation is off inside the worker itself and with ``--isolation=off``. In a
 multi-process JAX job the worker stands alone (it does not join the job): rank 0's worker runs
 the check on its own simulated devices, a process-local mesh, and the other ranks take its
-verdict (:func:`conformance.family_tests.run`).
+verdict (:func:`conformance.run.run_check`).
 """
 
 from __future__ import annotations
@@ -45,95 +45,59 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, TextIO
 
-from conformance import checks, compat, registry, runner
+from conformance import blame, checks, compat, outcomes, registry
+from conformance import session as session_lib
+from conformance.checks.base import Check
+from conformance.outcomes import CheckOutcome
 from conformance.runner import Case
 
-#: "process": Pallas kernels on CPU are checked in the worker; "off": in this process.
-MODE: str = "process"
-#: Seconds one check (compiles and runs) may take in the worker before it is stopped.
-CHECK_TIMEOUT_S: float = 300.0
 #: Seconds the worker may take to start (import JAX and the kernel modules).
 START_TIMEOUT_S: float = 120.0
 #: Lines of the worker's stderr quoted when it dies or is stopped.
 STDERR_TAIL = 25
 
-#: (family, implementation) -> (verdict, case token) of a hang the worker could not survive.
-HUNG: dict[tuple[str, str], tuple[str, str]] = {}
 
-#: The lists of records the checks fill for the run's report, and their types.
-RECORDS: dict[str, type] = {
-    "BYTE_RECORDS": checks.ByteRecord,
-    "BACKWARD_BYTE_RECORDS": checks.ByteRecord,
-    "LOWERED_BYTE_RECORDS": checks.ByteRecord,
-    "ACCURACY_RECORDS": checks.AccuracyRecord,
-    "BACKWARD_ACCURACY_RECORDS": checks.AccuracyRecord,
-    "TPU_LAYOUT_RECORDS": checks.TpuLayoutRecord,
-}
-
-
-def _check_name(check: Callable[[Case], object]) -> str:
-    for name, fn in checks.CHECKS.items():
-        if fn is check:
-            return name
-    raise ValueError(f"{check!r} is not one of conformance.checks.CHECKS")
-
-
-def _multi_process_job() -> bool:
-    import jax
-
-    return jax.process_count() > 1
-
-
-def applies(case: Case) -> bool:
+def applies(case: Case, settings: session_lib.Settings) -> bool:
     """Whether ``case`` is checked in the worker: a Pallas kernel in interpret mode on CPU."""
-    return MODE == "process" and case.platform == "cpu" and case.implementation.pallas
+    return settings.isolation == "process" and case.platform == "cpu" and case.implementation.pallas
 
 
-def call(check: Callable[[Case], object], case: Case) -> None:
-    """Run ``check`` on ``case``: in the worker where :func:`applies`, else here.
-
-    Raises what the check raises (:class:`checks.ConformanceFailure`,
-    :class:`compat.HostLimit`), rebuilt from the worker's answer.
-    """
-    if not applies(case):
-        check(case)
-        return
-    if _multi_process_job() and MODE != "process":
-        raise compat.HostCannotRun(f"{case.impl}: a Pallas interpret check in a multi-process job runs only "
-                                   "in the worker (process-local); --isolation=off cannot")  # fmt: skip
-    worker = Worker.shared()
+def run_in_worker(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
+    """Run ``check`` on ``case`` in the session's worker process (started, or restarted after a hang
+    or crash, as needed); here if the worker cannot import the kernel's module by name."""
+    if session.worker is None or session.worker.proc.poll() is not None:
+        session.worker = Worker(session.settings)
+    worker = session.worker
     if case.impl not in worker.registered.get(case.family, ()):
-        check(case)  # its module cannot be imported by name (e.g. defined in a test file)
-        return
-    worker.check(_check_name(check), case)
+        return outcomes.run_here(check, case, session)  # e.g. a kernel defined in a test file
+    return worker.check(check.name, case, session)
 
 
 def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
+def _record_to_json(record: Any) -> dict[str, Any]:
+    kind = type(record)
+    return {"type": f"{kind.__module__}:{kind.__qualname__}", "fields": dataclasses.asdict(record)}
+
+
+def _record_from_json(data: dict[str, Any]) -> Any:
+    """A record the worker sent, rebuilt as its dataclass: one defined in a check module, no other."""
+    module_name, _, qualname = data["type"].partition(":")
+    module = {m.__name__: m for m in checks.MODULES}.get(module_name)
+    kind = getattr(module, qualname, None) if module is not None else None
+    if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+        raise RuntimeError(f"the conformance worker sent a record of an unknown type: {data['type']!r}")
+    return kind(**{k: _tuples(v) for k, v in data["fields"].items()})
+
+
 class Worker:
     """The parent's handle on one worker process."""
 
-    _shared: Worker | None = None
-
-    @classmethod
-    def shared(cls) -> Worker:
-        """The running worker, or a fresh one (after a hang or crash, or at first use)."""
-        if cls._shared is None or cls._shared.proc.poll() is not None:
-            cls._shared = cls()
-        return cls._shared
-
-    @classmethod
-    def stop_shared(cls) -> None:
-        if cls._shared is not None:
-            cls._shared.close()
-            cls._shared = None
-
-    def __init__(self) -> None:
+    def __init__(self, settings: session_lib.Settings) -> None:
         from conformance import specs
 
         modules = sorted({i.module for f in specs.FAMILIES for i in registry.registered(f)})
@@ -143,11 +107,17 @@ class Worker:
         env = {k: v for k, v in os.environ.items() if k not in job and not k.startswith("CONFORMANCE_")}
         env.update(PYTHONPATH=os.pathsep.join(paths), JAX_PLATFORMS="cpu")
         self.stderr = tempfile.TemporaryFile(mode="w+", prefix="conformance-worker-")  # noqa: SIM115 (outlives this call)
-        argv = [sys.executable, "-m", "conformance.isolation",
-                f"--hang-timeout={runner.HANG_TIMEOUT_S}", f"--abort-grace={runner.ABORT_GRACE_S}",
-                f"--kernels={','.join(modules)}"]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True, env=env)  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "conformance.isolation",
+            f"--hang-timeout={settings.hang_timeout_s}",
+            f"--abort-grace={settings.abort_grace_s}",
+            f"--kernels={','.join(modules)}",
+        ]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env
+        )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         ready = self._answer(START_TIMEOUT_S)
@@ -179,7 +149,7 @@ class Worker:
         worker wrote when it was stopped; first in the message, as a deep stack's tail may not
         reach the kernel's frames."""
         self.stderr.seek(0)
-        _, places = checks.stuck_locations(checks.stacks_from_dump(self.stderr.read()))
+        _, places = blame.stuck_locations(blame.stacks_from_dump(self.stderr.read()))
         return ["where its threads were:", *places] if places else []
 
     def stderr_tail(self) -> str:
@@ -204,53 +174,55 @@ class Worker:
                 self.stop(dump_stacks=False)
         self.stderr.close()
 
-    def check(self, name: str, case: Case) -> None:
+    def check(self, name: str, case: Case, session: session_lib.Session) -> CheckOutcome:
         key = (case.family, case.impl)
-        if key in HUNG:  # the worker that saw it is gone; so is its memory of the hang
-            what, where = HUNG[key]
-            raise checks.fail(case, name, what, [f"not run again: it hung on {where} earlier in this run"])
-        request = {"check": name, "family": case.family, "impl": case.impl, "token": case.token,
-                   "platform": case.platform}  # fmt: skip
+        if key in session.hung:  # the worker that saw it is gone; so is its memory of the hang
+            hang = session.hung[key]
+            failure = checks.fail(
+                case, name, hang.what, [f"not run again: it hung on {hang.where} earlier in this run"]
+            )
+            return CheckOutcome(name, case, "failed", str(failure), failure.what, failure)
+        request = {
+            "check": name,
+            "family": case.family,
+            "impl": case.impl,
+            "token": case.token,
+            "platform": case.platform,
+        }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        started = time.monotonic()
-        answer = self._answer(CHECK_TIMEOUT_S)
+        started, timeout_s = time.monotonic(), session.settings.check_timeout_s
+        answer = self._answer(timeout_s)
         if answer is None:
-            timed_out = time.monotonic() - started >= CHECK_TIMEOUT_S
+            timed_out = time.monotonic() - started >= timeout_s
             code = self.proc.returncode
             what = (
-                f"gave no verdict within --check-timeout={CHECK_TIMEOUT_S:g}s (compiling or running); "
+                f"gave no verdict within --check-timeout={timeout_s:g}s (compiling or running); "
                 "the worker process was stopped"
                 if timed_out
                 else f"the worker process died (exit status {code}) while running this check"
             )
-            runner.HUNG[key] = f"{case.impl} {what} on {case.token}"
+            session.hung[key] = session_lib.Hang(what, case.token)
             tail = ["worker stderr (last lines):", *self.stderr_tail().splitlines()]
-            raise checks.fail(case, name, what, [*self.where_stuck(), *tail])
-        for list_name, records in answer.get("records", {}).items():
-            kind = RECORDS[list_name]
-            getattr(checks, list_name).extend(kind(**{k: _tuples(v) for k, v in r.items()}) for r in records)
-        outcome = answer["outcome"]
-        if outcome == "passed":
-            return
-        if outcome == "not_judged":
-            raise checks.NotJudged(answer["message"])
-        if outcome == "skipped":
-            if answer.get("hung"):
-                self.proc.wait()  # it ended itself; the next check starts a fresh worker
-            raise compat.HostLimit(answer["message"])
-        if outcome == "failed":
-            failure = checks.ConformanceFailure(answer["message"])
+            failure = checks.fail(case, name, what, [*self.where_stuck(), *tail])
+            return CheckOutcome(name, case, "failed", str(failure), failure.what, failure)
+        records = [_record_from_json(r) for r in answer.get("records", ())]
+        verdict, message = answer["outcome"], answer.get("message", "")
+        if answer.get("hung"):
+            self.proc.wait()  # it ended itself; the next check starts a fresh worker
+        if verdict in ("passed", "skipped", "not_judged"):
+            return CheckOutcome(name, case, verdict, message, records=records)
+        if verdict == "failed":
+            failure = checks.ConformanceFailure(message)
             if answer.get("token"):
-                failure.case = Case.from_token(answer["family"], answer["impl"], answer["token"],
-                                               platform=case.platform)  # fmt: skip
+                failure.case = Case.from_token(
+                    answer["family"], answer["impl"], answer["token"], platform=case.platform
+                )
                 failure.check, failure.what = answer["check"], answer["what"]
             if answer.get("hung"):
-                HUNG[key] = (answer["what"], case.token)
-                self.proc.wait()
-            raise failure
-        raise RuntimeError(f"the conformance worker raised while running {name} on {case.token}:\n"
-                           f"{answer['message']}")  # fmt: skip
+                session.hung[key] = session_lib.Hang(answer["what"], case.token)
+            return CheckOutcome(name, case, "failed", message, failure.what, failure, records)
+        raise RuntimeError(f"the conformance worker raised while running {name} on {case.token}:\n{message}")
 
 
 # -- the worker process -------------------------------------------------------------------------------
@@ -269,49 +241,51 @@ def _failure_message(failure: checks.ConformanceFailure) -> dict[str, Any]:
     return message
 
 
-def _serve(out: TextIO) -> None:
+def _serve(out: TextIO, settings: session_lib.Settings) -> None:
     current: dict[str, str] = {}
 
     def unstoppable(case: Case, stacks: list) -> None:
-        in_kernel, places = checks.stuck_locations(stacks)
-        late = f"aborted after {runner.HANG_TIMEOUT_S:g}s, still running {runner.ABORT_GRACE_S:g}s later"
+        in_kernel, places = blame.stuck_locations(stacks)
+        late = f"aborted after {settings.hang_timeout_s:g}s, still running {settings.abort_grace_s:g}s later"
         if in_kernel:
             what = f"hung in TPU interpret mode beyond the watchdog's reach, in the kernel's own code: {late}"
             details = ["the worker process running it was ended; its threads were stuck at", *places]
             failure = checks.fail(case, current.get("check", "?"), what, details)
-            _send(out, {**_failure_message(failure), "hung": True, "records": {}})
+            _send(out, {**_failure_message(failure), "hung": True, "records": []})
         else:  # every stuck thread is inside JAX: its interpreter deadlocked, the kernel is not judged
-            reason = (f"TPU interpret mode deadlocked inside JAX on {case.token} ({late}), in no frame "
-                      f"of the kernel's code: {'; '.join(p.split(': ', 1)[1] for p in places)}. This JAX "
-                      f"on this host ({os.cpu_count()} cores, {case.mesh.num_devices} simulated devices) "
-                      "cannot run the case; a TPU, more cores or a newer JAX can")  # fmt: skip
-            _send(out, {"outcome": "skipped", "message": reason, "hung": True, "records": {}})
+            reason = (
+                f"TPU interpret mode deadlocked inside JAX on {case.token} ({late}), in no frame "
+                f"of the kernel's code: {'; '.join(p.split(': ', 1)[1] for p in places)}. This JAX "
+                f"on this host ({os.cpu_count()} cores, {case.mesh.num_devices} simulated devices) "
+                "cannot run the case; a TPU, more cores or a newer JAX can"
+            )
+            _send(out, {"outcome": "skipped", "message": reason, "hung": True, "records": []})
         os._exit(3)
 
-    runner.on_unstoppable = unstoppable
+    # In the worker, checks run here (isolation off), under the watchdog with the parent's bounds.
+    session = session_lib.Session(dataclasses.replace(settings, isolation="off"), on_unstoppable=unstoppable)
     for line in sys.stdin:
         request = json.loads(line)
         current["check"] = request["check"]
-        before = {name: len(getattr(checks, name)) for name in RECORDS}
         answer: dict[str, Any]
         try:
-            case = Case.from_token(request["family"], request["impl"], request["token"],
-                                   platform=request["platform"])  # fmt: skip
-            checks.CHECKS[request["check"]](case)
-            answer = {"outcome": "passed"}
-        except checks.ConformanceFailure as failure:
-            answer = _failure_message(failure)
-        except compat.HostLimit as limit:
-            answer = {"outcome": "skipped", "message": str(limit)}
-        except checks.NotJudged as why:
-            answer = {"outcome": "not_judged", "message": str(why)}
+            case = Case.from_token(
+                request["family"], request["impl"], request["token"], platform=request["platform"]
+            )
+            outcome = outcomes.run_here(outcomes.resolve(request["check"]), case, session)
         except Exception as error:  # a fault of the suite, not a verdict: the parent raises it
             import traceback
 
-            answer = {"outcome": "error", "message": "".join(traceback.format_exception(error))}
-        answer["records"] = {
-            name: [dataclasses.asdict(r) for r in getattr(checks, name)[before[name] :]] for name in RECORDS
-        }
+            _send(
+                out,
+                {"outcome": "error", "message": "".join(traceback.format_exception(error)), "records": []},
+            )
+            continue
+        if outcome.failure is not None:
+            answer = _failure_message(outcome.failure)
+        else:
+            answer = {"outcome": outcome.verdict, "message": outcome.message}
+        answer["records"] = [_record_to_json(r) for r in outcome.records]
         _send(out, answer)
 
 
@@ -329,7 +303,6 @@ def main(argv: list[str] | None = None) -> None:
     from conformance.fixtures.devices import CPU_DEVICE_COUNT
 
     compat.configure_cpu_devices(CPU_DEVICE_COUNT)
-    runner.HANG_TIMEOUT_S, runner.ABORT_GRACE_S = args.hang_timeout, args.abort_grace
     for module in ["conformance.kernels", *filter(None, args.kernels.split(","))]:
         try:
             importlib.import_module(module)
@@ -338,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     from conformance import specs
 
     _send(out, {"registered": {f: sorted(registry.implementations(f)) for f in specs.FAMILIES}})
-    _serve(out)
+    _serve(out, session_lib.Settings(hang_timeout_s=args.hang_timeout, abort_grace_s=args.abort_grace))
 
 
 if __name__ == "__main__":

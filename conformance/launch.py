@@ -113,16 +113,27 @@ def _status(code: int) -> str:
     return f"exit status {code}"
 
 
-def launch(command: list[str], *, processes: int, devices_per_process: int, timeout: float | None,
-           log_dir: Path | None = None, out=sys.stdout) -> int:  # fmt: skip
+def launch(
+    command: list[str],
+    *,
+    processes: int,
+    devices_per_process: int,
+    timeout: float | None,
+    log_dir: Path | None = None,
+    out=sys.stdout,
+) -> int:
     """Run ``command`` as ``processes`` ranks; return the job's exit status (see module docstring)."""
     if processes < 1 or devices_per_process < 1:
         raise ValueError("--processes and --devices-per-process must be at least 1")
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="conformance-launch-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    print(f"conformance launch: {processes} processes x {devices_per_process} CPU devices, coordinator "
-          f"127.0.0.1:{port}; logs in {log_dir}", file=out, flush=True)  # fmt: skip
+    print(
+        f"conformance launch: {processes} processes x {devices_per_process} CPU devices, coordinator "
+        f"127.0.0.1:{port}; logs in {log_dir}",
+        file=out,
+        flush=True,
+    )
     procs: list[subprocess.Popen] = []
     logs = []
     start = time.monotonic()
@@ -144,9 +155,17 @@ def launch(command: list[str], *, processes: int, devices_per_process: int, time
             }
             log = open(log_dir / f"rank-{rank}.log", "wb")  # noqa: SIM115 (closed below)
             logs.append(log)
-            procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                          preexec_fn=_die_with_launcher))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=_die_with_launcher,
+                )
+            )
         shown = 0
         rank0 = log_dir / "rank-0.log"
         while True:
@@ -160,10 +179,13 @@ def launch(command: list[str], *, processes: int, devices_per_process: int, time
                 shown = _follow(rank0, shown, out)
                 log = log_dir / f"rank-{rank}.log"
                 took = time.monotonic() - start
-                print(f"\nconformance launch: rank {rank} of {processes} ended with {_status(code)} "
-                      f"in {test} after {took:.1f} s; the other ranks were stopped.\n"
-                      f"--- last lines of rank {rank}'s log ({log}) ---\n{_tail(log)}\n--- end ---",
-                      file=out, flush=True)  # fmt: skip
+                print(
+                    f"\nconformance launch: rank {rank} of {processes} ended with {_status(code)} "
+                    f"in {test} after {took:.1f} s; the other ranks were stopped.\n"
+                    f"--- last lines of rank {rank}'s log ({log}) ---\n{_tail(log)}\n--- end ---",
+                    file=out,
+                    flush=True,
+                )
                 return 1
             if all(c == 0 for c in codes):
                 _follow(rank0, shown, out)
@@ -180,9 +202,13 @@ def launch(command: list[str], *, processes: int, devices_per_process: int, time
                 _stop(procs)
                 _follow(rank0, shown, out)
                 first = log_dir / f"rank-{running[0]}.log"
-                print(f"\nconformance launch: the job ran past --timeout {timeout:g} s and was stopped; "
-                      f"still running: {where}.\n--- last lines of rank {running[0]}'s log ---\n"
-                      f"{_tail(first)}\n--- end ---", file=out, flush=True)  # fmt: skip
+                print(
+                    f"\nconformance launch: the job ran past --timeout {timeout:g} s and was stopped; "
+                    f"still running: {where}.\n--- last lines of rank {running[0]}'s log ---\n"
+                    f"{_tail(first)}\n--- end ---",
+                    file=out,
+                    flush=True,
+                )
                 return 124
             time.sleep(0.1)
     except KeyboardInterrupt:
@@ -216,8 +242,11 @@ def _follow(path: Path, offset: int, out) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance launch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--processes", type=int, required=True, metavar="N")
     parser.add_argument("--devices-per-process", type=int, default=1, metavar="K")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
@@ -227,5 +256,10 @@ def main(argv: list[str]) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command: put it after --, e.g. -- pytest conformance -m cpu")
-    return launch(command, processes=args.processes, devices_per_process=args.devices_per_process,
-                  timeout=args.timeout, log_dir=args.log_dir)  # fmt: skip
+    return launch(
+        command,
+        processes=args.processes,
+        devices_per_process=args.devices_per_process,
+        timeout=args.timeout,
+        log_dir=args.log_dir,
+    )

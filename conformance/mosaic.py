@@ -257,9 +257,10 @@ def audit_module(kernel: str, body: bytes) -> list[Violation]:
         for result in [*op.operation.results, *arguments]:
             described = _memref(result.type)
             if described and _element_width(described[1]) not in (*SUPPORTED_BITWIDTHS, None):
-                problems.append(Violation(kernel, (
-                    f"a {described[1]}[{','.join(map(str, described[0]))}] buffer: Mosaic lays out element "
-                    f"widths of {'/'.join(map(str, SUPPORTED_BITWIDTHS))} bits only")))  # fmt: skip
+                buffer = f"{described[1]}[{','.join(map(str, described[0]))}]"
+                widths = "/".join(map(str, SUPPORTED_BITWIDTHS))
+                what = f"a {buffer} buffer: Mosaic lays out element widths of {widths} bits only"
+                problems.append(Violation(kernel, what))
         if name != "tpu.memref_slice":
             continue
         source = op.operation.operands[0]
@@ -296,10 +297,13 @@ def _check_window(
             if dim < 0:
                 continue
             if not _divisible(indices[dim], tile_dim):
-                return [Violation(kernel, (
-                    f"{where}: its start along dim {dim} ({_describe_index(indices[dim])}) is not provably a "
-                    f"multiple of the {tile} tile; a TPU compile refuses it (Mosaic: 'Offsets along tiled "
-                    f"dimensions must be aligned to tiles')"))]  # fmt: skip
+                start = _describe_index(indices[dim])
+                what = (
+                    f"{where}: its start along dim {dim} ({start}) is not provably a multiple of the "
+                    f"{tile} tile; a TPU compile refuses it (Mosaic: 'Offsets along tiled dimensions "
+                    "must be aligned to tiles')"
+                )
+                return [Violation(kernel, what)]
             quantum = window_size_quantum(tile, k)
             if result_shape[dim] % quantum:
                 whole = (
@@ -307,10 +311,12 @@ def _check_window(
                     if result_shape[dim] == shape[dim]
                     else ""
                 )
-                return [Violation(kernel, (
-                    f"{where}: its size along dim {dim} ({result_shape[dim]}{whole}) is not a multiple of "
-                    f"{quantum}, for the {tile} tile; a TPU compile refuses it (Mosaic: 'Slice sizes along "
-                    f"tiled dimensions must be aligned to tiles')"))]  # fmt: skip
+                what = (
+                    f"{where}: its size along dim {dim} ({result_shape[dim]}{whole}) is not a multiple "
+                    f"of {quantum}, for the {tile} tile; a TPU compile refuses it (Mosaic: 'Slice sizes "
+                    "along tiled dimensions must be aligned to tiles')"
+                )
+                return [Violation(kernel, what)]
     return []
 
 

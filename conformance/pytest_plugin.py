@@ -49,52 +49,36 @@ import dataclasses
 import datetime
 import fnmatch
 import importlib
-import json
-import os
-import re
-import sys
 import time
-from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
 from conformance import (
-    bench,
-    claims,
     compat,
     distributed,
-    isolation,
+    known_failures,
+    plugin_jobs,
+    plugin_report,
     registry,
     report,
     results,
     runner,
     specs,
     strategies,
-    transfers,
 )
+from conformance.checks.base import Axes
 from conformance.fixtures import devices as devices_lib
 from conformance.fixtures import meshes
+from conformance.plugin_report import (
+    PLATFORMS,
+    SESSION,
+    STARTED,
+    run_log,
+)
+from conformance.session import ISOLATION_MODES, Session, Settings
 from conformance.specs.base import FIXED_SHAPES
-
-settings.register_profile(
-    "conformance-ci",
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=10,
-    print_blob=True,
-    # No "explain" phase: its line-coverage report is noise next to the failure message.
-    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "conformance-thorough",
-    parent=settings.get_profile("conformance-ci"),
-    derandomize=False,
-    max_examples=200,
-)
 
 #: The markers the suite's tests carry, registered by the plugin (so ``--strict-markers`` works anywhere).
 MARKERS = (
@@ -107,6 +91,7 @@ MARKERS = (
     "selftest: the suite's own tests (broken kernels it must reject)",
     "integration: self-tests that install the suite or launch a multi-process job (selftest env)",
     "conformance_meshes(*labels): the meshes a test taking conformance_mesh(_config) runs on",
+    "conformance_axes(axes): what a family test is parametrized over (conformance.checks.base.Axes)",
     "pallas_interpret: runs a Pallas TPU kernel under interpret mode on CPU (skipped, with the reason, in a "
     "multi-process job)",
 )
@@ -114,40 +99,105 @@ MARKERS = (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "collective-kernel conformance")
-    group.addoption("--kernels", action="append", default=[], metavar="MODULE[,MODULE...]",
-                    help="import these modules so their conformance.register calls join the run")  # fmt: skip
-    group.addoption("--hang-timeout", type=float, default=runner.HANG_TIMEOUT_S, metavar="SECONDS",
-                    help="stop a Pallas kernel running longer than this in interpret mode")  # fmt: skip
-    group.addoption("--check-timeout", type=float, default=isolation.CHECK_TIMEOUT_S, metavar="SECONDS",
-                    help="stop the worker process when a check of a Pallas kernel takes longer")  # fmt: skip
-    group.addoption("--isolation", choices=("process", "off"), default=isolation.MODE,
-                    help="process (default): check Pallas kernels on CPU in a worker process that can "
-                         "be stopped whatever hangs; off: in this process")  # fmt: skip
-    group.addoption("--bench-sizes", default="4K:256K:4", metavar="BEGIN:END:FACTOR",
-                    help="-m benchmark: the ladder of one device's input shard sizes in bytes, as "
-                         "nccl-tests' -b/-e/-f (K, M suffixes)")  # fmt: skip
-    group.addoption("--bench-meshes", default="2-x-auto,4-x-auto,8-x-auto,2x4-y-auto,4x2-y-auto",
-                    metavar="LABEL[,LABEL...]", help="-m benchmark: the meshes to time on")  # fmt: skip
-    group.addoption("--bench-rounds", type=int, default=5, metavar="N",
-                    help="-m benchmark: timed calls per case after a warm-up (median reported)")  # fmt: skip
-    group.addoption("--meshes", default=None, metavar="LABEL[,LABEL...]",
-                    help="run the tests that take a standard mesh on these meshes only (labels as in the "
-                         "test ids, e.g. 4-x-explicit,2x4-y-auto); tests without a mesh all run")  # fmt: skip
-    group.addoption("--impl", default=None, metavar="GLOB[,GLOB...]",
-                    help="run only implementations whose names match one of these globs")  # fmt: skip
-    group.addoption("--xfails-file", default=None, metavar="FILE",
-                    help="known failures: a test id or glob per line (# comments); strict")  # fmt: skip
-    group.addoption("--skips-file", default=None, metavar="FILE",
-                    help="tests not to run: a test id or glob per line (# comments)")  # fmt: skip
-    group.addoption("--conformance-json", default=None, metavar="PATH",
-                    help="write every outcome and table of the run as JSON")  # fmt: skip
-    group.addoption("--conformance-html", default=None, metavar="PATH",
-                    help="write the matrix, failures and tables as one self-contained HTML page")  # fmt: skip
-    group.addoption("--distributed", action="store_true", default=False,
-                    help="this process is one rank of a multi-process JAX job (mpirun, srun, "
-                         "a TPU pod's --worker=all, conformance launch): join it first")  # fmt: skip
-    group.addoption("--require-backend", choices=devices_lib.PLATFORMS, default=None, metavar="PLATFORM",
-                    help="fail, instead of skipping, when this host has no PLATFORM backend")  # fmt: skip
+    group.addoption(
+        "--kernels",
+        action="append",
+        default=[],
+        metavar="MODULE[,MODULE...]",
+        help="import these modules so their conformance.register calls join the run",
+    )
+    group.addoption(
+        "--hang-timeout",
+        type=float,
+        default=Settings.hang_timeout_s,
+        metavar="SECONDS",
+        help="stop a Pallas kernel running longer than this in interpret mode",
+    )
+    group.addoption(
+        "--check-timeout",
+        type=float,
+        default=Settings.check_timeout_s,
+        metavar="SECONDS",
+        help="stop the worker process when a check of a Pallas kernel takes longer",
+    )
+    group.addoption(
+        "--isolation",
+        choices=ISOLATION_MODES,
+        default=Settings.isolation,
+        help="process (default): check Pallas kernels on CPU in a worker process that can "
+        "be stopped whatever hangs; off: in this process",
+    )
+    group.addoption(
+        "--bench-sizes",
+        default="4K:256K:4",
+        metavar="BEGIN:END:FACTOR",
+        help="-m benchmark: the ladder of one device's input shard sizes in bytes, as "
+        "nccl-tests' -b/-e/-f (K, M suffixes)",
+    )
+    group.addoption(
+        "--bench-meshes",
+        default="2-x-auto,4-x-auto,8-x-auto,2x4-y-auto,4x2-y-auto",
+        metavar="LABEL[,LABEL...]",
+        help="-m benchmark: the meshes to time on",
+    )
+    group.addoption(
+        "--bench-rounds",
+        type=int,
+        default=5,
+        metavar="N",
+        help="-m benchmark: timed calls per case after a warm-up (median reported)",
+    )
+    group.addoption(
+        "--meshes",
+        default=None,
+        metavar="LABEL[,LABEL...]",
+        help="run the tests that take a standard mesh on these meshes only (labels as in the "
+        "test ids, e.g. 4-x-explicit,2x4-y-auto); tests without a mesh all run",
+    )
+    group.addoption(
+        "--impl",
+        default=None,
+        metavar="GLOB[,GLOB...]",
+        help="run only implementations whose names match one of these globs",
+    )
+    group.addoption(
+        "--xfails-file",
+        default=None,
+        metavar="FILE",
+        help="known failures: a test id or glob per line (# comments); strict",
+    )
+    group.addoption(
+        "--skips-file",
+        default=None,
+        metavar="FILE",
+        help="tests not to run: a test id or glob per line (# comments)",
+    )
+    group.addoption(
+        "--conformance-json",
+        default=None,
+        metavar="PATH",
+        help="write every outcome and table of the run as JSON",
+    )
+    group.addoption(
+        "--conformance-html",
+        default=None,
+        metavar="PATH",
+        help="write the matrix, failures and tables as one self-contained HTML page",
+    )
+    group.addoption(
+        "--distributed",
+        action="store_true",
+        default=False,
+        help="this process is one rank of a multi-process JAX job (mpirun, srun, "
+        "a TPU pod's --worker=all, conformance launch): join it first",
+    )
+    group.addoption(
+        "--require-backend",
+        choices=devices_lib.PLATFORMS,
+        default=None,
+        metavar="PLATFORM",
+        help="fail, instead of skipping, when this host has no PLATFORM backend",
+    )
 
 
 def kernel_modules(config: pytest.Config) -> list[str]:
@@ -159,17 +209,29 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     if config.getoption("distributed") or distributed.launched():
         # Registered before JAX's own shutdown handler, so it runs after it (atexit runs in reverse).
-        atexit.register(_exit_past_abandoned_calls, config)
+        atexit.register(plugin_jobs.exit_past_abandoned_calls, config)
         distributed.initialize()
-    runner.HANG_TIMEOUT_S = config.getoption("hang_timeout")
-    isolation.CHECK_TIMEOUT_S = config.getoption("check_timeout")
-    isolation.MODE = config.getoption("isolation")
+    try:
+        run_settings = Settings(
+            hang_timeout_s=config.getoption("hang_timeout"),
+            check_timeout_s=config.getoption("check_timeout"),
+            isolation=config.getoption("isolation"),
+        )
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from e
+    session = Session(run_settings)
+    session.log = results.RunLog()
+    config.stash[SESSION] = session
+    # Active for the whole pytest session (what runs outside a check, e.g. a benchmark's kernel
+    # under the watchdog, reads its bounds); undone at unconfigure.
+    config.stash[_UNDO] = session.activate()
     # The suite's hypothesis tests use this profile; the session's default profile (the user's own
     # tests') is left alone. --hypothesis-profile=NAME picks another for the suite as well.
-    chosen = config.getoption("hypothesis_profile", None)
-    strategies.PROFILE = settings.get_profile(chosen or "conformance-ci")
-    config.stash[_STARTED] = (datetime.datetime.now().astimezone(), time.monotonic())
+    strategies.use_profile(config.getoption("hypothesis_profile", None))
+    config.stash[STARTED] = (datetime.datetime.now().astimezone(), time.monotonic())
     config.pluginmanager.register(_DevicesAfterCollection(), "conformance-devices")
+    config.pluginmanager.register(plugin_report.OutcomeRecorder(session.log), "conformance-outcomes")
+    config.pluginmanager.register(plugin_report, "conformance-report")  # its hooks: the end of the run
     for module in ["conformance.kernels", *kernel_modules(config)]:
         try:
             importlib.import_module(module)
@@ -182,28 +244,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    isolation.Worker.stop_shared()
+    if SESSION in config.stash:
+        config.stash[SESSION].close()
+        config.stash[_UNDO]()
 
 
-_EXIT_STATUS = pytest.StashKey[int]()
+_UNDO = pytest.StashKey[Callable[[], None]]()
 
 
-def _exit_past_abandoned_calls(config: pytest.Config) -> None:
-    """Last at exit of a rank of a job: if a call the suite abandoned after it hung still has its
-    thread blocked (in the job's key-value store, say), end the process now, with pytest's exit
-    status, naming the calls. Left to Python's finalization, such a thread makes the process abort
-    ("terminate called after throwing ..."), which a launcher can only report as a crash."""
-    abandoned = transfers.abandoned_calls()
-    if not abandoned:
-        return
-    status = config.stash.get(_EXIT_STATUS, 1)
-    where = "; ".join(abandoned)
-    distributed.note_current_test(f"(after its tests, ending past abandoned call(s): {where})")
-    sys.stdout.flush()
-    sys.stderr.write(f"conformance: this rank ends with exit status {status} without waiting for "
-                     f"{len(abandoned)} call(s) it abandoned after they hung: {where}\n")  # fmt: skip
-    sys.stderr.flush()
-    os._exit(status)
+@pytest.fixture(scope="session")
+def conformance_session(request: pytest.FixtureRequest) -> Session:
+    """This pytest session's :class:`~conformance.session.Session`: the settings the checks run
+    under, and the run log their outcomes join (:func:`conformance.family_tests.run`)."""
+    return request.config.stash[SESSION]
 
 
 @pytest.fixture(scope="module")
@@ -235,29 +288,28 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "conformance_mesh_config",
             [pytest.param(c, marks=pytest.mark.cpu) for c in configs],
             ids=[c.label for c in configs],
-        )  # fmt: skip  (the meshes are CPU meshes)
+        )
     if not hasattr(metafunc.module, "FAMILY"):
         return  # only family test modules take the suite's parameters
     names = metafunc.fixturenames
+    marker = metafunc.definition.get_closest_marker("conformance_axes")
+    axes = marker.args[0] if marker is not None else Axes()  # a family module's own test: no filter
+    family = metafunc.module.FAMILY
     if "implementation" in names:
-        family = metafunc.module.FAMILY
         impls = registry.registered(family, metafunc.config.getoption("impl"))
-        field = getattr(metafunc.function, "family_filter", None)
-        if field and not getattr(specs.get(family), field):
+        if axes.families_with and not getattr(specs.get(family), axes.families_with):
             impls = []  # deselected: the family has nothing this test judges
-        for keep in getattr(metafunc.function, "implementation_filter", ()):
-            impls = [i for i in impls if (not i.baseline if keep == "not_baseline" else getattr(i, keep))]
+        impls = [i for i in impls if axes.selects(i)]
         metafunc.parametrize("implementation", [i.name for i in impls])
     if "mesh_config" in names:
-        configs = getattr(metafunc.function, "mesh_configs", meshes.MESH_CONFIGS)
+        configs = meshes.MESH_CONFIGS if axes.meshes is None else tuple(map(meshes.parse_mesh, axes.meshes))
         metafunc.parametrize("mesh_config", configs, ids=[c.label for c in configs])
     if "dma_mode" in names:
         metafunc.parametrize("dma_mode", runner.DMA_MODES)
     if "shape" in names:
         metafunc.parametrize("shape", FIXED_SHAPES)
     if "dtype" in names:
-        field = getattr(metafunc.function, "dtypes_field", "dtypes")
-        metafunc.parametrize("dtype", getattr(specs.get(metafunc.module.FAMILY), field))
+        metafunc.parametrize("dtype", getattr(specs.get(family), axes.dtypes or "dtypes"))
     if "platform" in names:
         metafunc.parametrize(
             "platform",
@@ -265,7 +317,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
-_STARTED = pytest.StashKey[tuple]()
 #: Per item: its uniform id and parameters (:mod:`conformance.results`).
 _META = pytest.StashKey[dict]()
 
@@ -291,46 +342,26 @@ def _meta(item: pytest.Item) -> dict:
     check = getattr(item, "originalname", item.name).removeprefix("test_")
     meta: dict = {"nodeid": item.nodeid}
     if hasattr(module, "FAMILY") and isinstance(params.get("implementation"), str):
-        mesh = params.get("mesh_config") or params.get("route")
+        parts = results.ID_PARTS.of(module)
+        mesh = params.get(parts.mesh)
         meta.update(
-            family=module.FAMILY, impl=params["implementation"], check=check,
-            mesh=mesh.label if mesh is not None else None, platform=params.get("platform", "cpu"),
-            dtype=params.get("dtype"), shape=params.get("shape") or params.get("layout"),
+            family=module.FAMILY,
+            impl=params["implementation"],
+            check=check,
+            mesh=mesh.label if mesh is not None else None,
+            platform=params.get("platform", "cpu"),
+            dtype=params.get("dtype"),
+            shape=params.get(parts.shape),
             dma_mode=params.get("dma_mode"),
-        )  # fmt: skip
-        meta["id"] = results.uniform_id(module.FAMILY, params["implementation"], check, params)
+        )
+        meta["id"] = results.uniform_id(module.FAMILY, params["implementation"], check, params, parts)
     else:
         short = getattr(module, "__name__", "?").rsplit(".", 1)[-1]
         meta["id"] = f"suite/{short}/{item.name}" if _is_conformance_item(item) else item.nodeid
     item.stash[_META] = meta
-    ITEM_META[item.nodeid] = meta
+    if SESSION in item.config.stash:
+        run_log(item.config).item_meta[item.nodeid] = meta
     return meta
-
-
-#: Every collected test's uniform id and its parts, by node id.
-ITEM_META: dict[str, dict] = {}
-
-
-def _read_patterns(path: str) -> list[tuple[int, str]]:
-    """``(line number, pattern)`` of a known-failures file: one id or glob per line, ``#`` comments."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise pytest.UsageError(f"cannot read {path}: {e}") from e
-    out = []
-    for number, line in enumerate(text.splitlines(), 1):
-        pattern = line.split("#", 1)[0].strip()
-        if pattern:
-            out.append((number, pattern))
-    return out
-
-
-def _matches(pattern: str, meta: dict) -> bool:
-    return any(fnmatch.fnmatchcase(meta[k], pattern) for k in ("id", "nodeid")) or meta["nodeid"] == pattern
-
-
-#: Lines of --xfails-file / --skips-file that matched no collected test.
-STALE: list[dict] = []
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -341,10 +372,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = config.getoption(option)
         if not path:
             continue
-        for number, pattern in _read_patterns(path):
-            hits = [item for item in items if _matches(pattern, _meta(item))]
+        for number, pattern in known_failures.read_patterns(path):
+            hits = [item for item in items if known_failures.matches(pattern, _meta(item))]
             if not hits:
-                STALE.append({"file": path, "line": number, "pattern": pattern, "kind": mark})
+                run_log(config).stale.append({"file": path, "line": number, "pattern": pattern, "kind": mark})
             reason = f"{Path(path).name}:{number}: {pattern}"
             for item in hits:
                 if mark == "xfail":
@@ -390,8 +421,9 @@ def _meshes_option(config: pytest.Config) -> set[str] | None:
     unknown = sorted(labels - set(known))
     if unknown or not labels:
         what = ", ".join(unknown) or "no label"
-        raise pytest.UsageError(f"--meshes={text}: {what} is not a standard mesh; "
-                                f"the standard meshes are {', '.join(known)}")  # fmt: skip
+        raise pytest.UsageError(
+            f"--meshes={text}: {what} is not a standard mesh; the standard meshes are {', '.join(known)}"
+        )
     return labels
 
 
@@ -411,8 +443,11 @@ class _DevicesAfterCollection:
             return  # a session without the suite's tests: JAX is left exactly as the user set it
         # In a job, each process has the devices the job gave it (launch: --devices-per-process);
         # asking for 8 here would give every process 8 and keep every mesh inside process 0.
-        problem = distributed.job_layout_problem() if distributed.is_multi_process() else (
-            compat.ensure_cpu_devices(devices_lib.CPU_DEVICE_COUNT))  # fmt: skip
+        problem = (
+            distributed.job_layout_problem()
+            if distributed.is_multi_process()
+            else (compat.ensure_cpu_devices(devices_lib.CPU_DEVICE_COUNT))
+        )
         if problem and distributed.is_multi_process():
             raise pytest.UsageError(problem)
         if problem:
@@ -422,38 +457,20 @@ class _DevicesAfterCollection:
             )
         required = config.getoption("require_backend")
         if required and not devices_lib.has_platform(required):
-            raise pytest.UsageError(f"--require-backend={required}: this host has no {required} backend "
-                                    f"({devices_lib.describe_host()}); nothing would run")  # fmt: skip
-        config.stash[_PLATFORMS] = _selected_platforms(ours)
+            raise pytest.UsageError(
+                f"--require-backend={required}: this host has no {required} backend "
+                f"({devices_lib.describe_host()}); nothing would run"
+            )
+        config.stash[PLATFORMS] = _selected_platforms(ours)
         if distributed.is_multi_process():
-            _same_tests_on_every_rank([i.nodeid for i in items])
-
-
-def _same_tests_on_every_rank(nodeids: list[str]) -> None:
-    """Stop the job, with the difference, if the ranks collected different tests (else they would
-    wait for each other at different tests until a timeout)."""
-    import hashlib
-
-    digest = f"{len(nodeids)}:{hashlib.sha256(chr(10).join(nodeids).encode()).hexdigest()[:16]}"
-    digests = distributed.exchange("collection", digest)
-    if len(set(digests)) == 1:
-        return
-    lists = [text.split("\n") for text in distributed.exchange("collection-lists", "\n".join(nodeids))]
-    first = next((k for k in range(max(map(len, lists))) if len({tuple(x[k : k + 1]) for x in lists}) > 1), 0)
-    at = "; ".join(
-        f"rank {r}: {x[first] if first < len(x) else '(end)'} ({len(x)} tests)" for r, x in enumerate(lists)
-    )
-    raise pytest.UsageError(f"the ranks of this job collected different tests; the first difference, at test "
-                            f"{first + 1}: {at}. Every rank must run the same command and see the same "
-                            "kernels (--kernels, --impl, -k, -m).")  # fmt: skip
-
-
-_PLATFORMS = pytest.StashKey[set]()
+            plugin_jobs.same_tests_on_every_rank([i.nodeid for i in items])
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip, with a reason, what this host cannot run: a missing backend or too few devices."""
-    results.LAST_CASE.clear()
+    log = run_log(item.config)
+    log.current = item.nodeid
+    log.last_check.pop(item.nodeid, None)
     distributed.begin_test(item.nodeid)
     if item.get_closest_marker("pallas_interpret") and distributed.is_multi_process():
         pytest.skip(distributed.PALLAS_INTERPRET)
@@ -461,7 +478,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if item.get_closest_marker(platform) and not devices_lib.has_platform(platform):
             pytest.skip(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
     params = getattr(item, "callspec", None)
-    config = params and (params.params.get("mesh_config") or params.params.get("route"))
+    # the mesh of a family test, the route of a transfer's: the parameter that has a device count
+    config = params and next((v for v in params.params.values() if hasattr(v, "num_devices")), None)
     platform = params and params.params.get("platform")
     if config and platform:
         found = len(devices_lib.devices_of(platform))
@@ -477,47 +495,11 @@ def pytest_runtest_logfinish(nodeid: str, location) -> None:
     distributed.note_current_test("")
 
 
-#: Every family test's outcome this run, for the summary of failures by cause.
-VERDICTS: list[report.Verdict] = []
-#: Every outcome of a test of the suite this run, by node id (:mod:`conformance.results`).
-OUTCOMES: dict[str, results.Outcome] = {}
-
-
-def _conformance_failure(error: BaseException | None):
-    """The check's failure inside a test's exception (hypothesis may group several: take the smallest)."""
-    from conformance.checks import ConformanceFailure
-
-    found, caseless, stack = [], [], [error]
-    while stack:
-        e = stack.pop()
-        if e is None:
-            continue
-        if isinstance(e, ConformanceFailure):  # a send_recv check's failure has no family Case
-            (found if e.case is not None else caseless).append(e)
-        stack += [getattr(e, "failure", None), *getattr(e, "exceptions", ())]
-    smallest = min(found, key=lambda f: report.case_size(f.case), default=None)
-    return smallest or next((f for f in caseless if getattr(f, "what", None)), None)
-
-
-def _skip_reason(rep: pytest.TestReport) -> str:
-    text = (
-        str(rep.longrepr[2])
-        if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3
-        else str(rep.longrepr or "")
-    )
-    # pytest prefixes "Skipped: " (or the class of a skip subclass, e.g. claims.NotClaimed)
-    return re.sub(r"^(Skipped|[\w.]*NotClaimed): ", "", text)
-
-
-def _is_not_claimed(rep: pytest.TestReport) -> bool:
-    return rep.skipped and not hasattr(rep, "wasxfail") and _skip_reason(rep).startswith(claims.NOT_CLAIMED)
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     rep = outcome.get_result()
-    _agree_on_outcome(rep)
+    plugin_jobs.agree_on_outcome(rep)
     if not _is_conformance_item(item):
         return
     meta = _meta(item)
@@ -527,328 +509,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             props[:] = [(k, v) for k, v in props if k != key] + [(key, value)]
 
     note("conformance_id", meta["id"])
-    noted = results.LAST_CASE.get("case")
+    noted = run_log(item.config).last_check.get(item.nodeid)
     if noted is not None and rep.when == "call":
-        case, check = noted
-        note("case", case.token)
-        note("replay", case.replay_command(check))
+        note("case", noted.case.token)
+        note("replay", noted.case.replay_command(noted.check))
     params = getattr(getattr(item, "callspec", None), "params", {})
     if rep.when != "call" or "implementation" not in params or not hasattr(item.module, "FAMILY"):
         return
     check = getattr(item, "originalname", item.name).removeprefix("test_")
-    verdict = report.Verdict(item.module.FAMILY, params["implementation"], check,
-                             "passed" if rep.passed else "failed", params.get("shape"))  # fmt: skip
+    verdict = report.Verdict(
+        item.module.FAMILY,
+        params["implementation"],
+        check,
+        "passed" if rep.passed else "failed",
+        params.get("shape"),
+    )
     if rep.failed:
-        failure = _conformance_failure(call.excinfo.value if call.excinfo else None)
+        failure = plugin_report.conformance_failure(call.excinfo.value if call.excinfo else None)
         if failure is not None:
             verdict = dataclasses.replace(verdict, check=failure.check, case=failure.case, what=failure.what)
             if failure.case is not None:
                 note("case", failure.case.token)
                 note("replay", failure.case.replay_command(failure.check))
     if not rep.skipped:
-        VERDICTS.append(verdict)
-
-
-def _agree_on_outcome(rep: pytest.TestReport) -> None:
-    """In a multi-process job, a test that failed on any rank fails on every rank, naming the rank.
-
-    Each rank posts one outcome per test: its call's, or its setup's where the setup did not pass
-    (no call follows). Whatever a rank raised outside a check's own agreement (an error while
-    placing inputs, say) then still fails the test everywhere, and ``-x`` stops every rank at
-    the same test instead of leaving the others waiting for one that has left.
-    """
-    if not (rep.when == "call" or (rep.when == "setup" and not rep.passed)):
-        return
-    if not distributed.is_multi_process() or hasattr(rep, "wasxfail"):
-        return
-    mine = {"outcome": rep.outcome, "line": _skip_reason(rep)[:500] if rep.skipped else _first_line(rep)}
-    try:
-        texts = distributed.exchange("outcome", json.dumps(mine))
-    except Exception as e:  # a rank gave up or the store failed: say so, do not crash the session
-        rep.outcome, rep.longrepr = "failed", f"could not agree on this test's outcome across ranks: {e}"
-        return
-    failed = [(r, json.loads(t)) for r, t in enumerate(texts) if json.loads(t)["outcome"] == "failed"]
-    me = distributed.rank_and_size()[0]
-    others = [(r, v["line"]) for r, v in failed if r != me]
-    if others and not rep.failed:
-        rank, line = others[0]
-        ranks = ", ".join(str(r) for r, _ in failed)
-        lines = distributed.by_message(others, len(texts))
-        rep.outcome = "failed"
-        rep.longrepr = f"failed on rank {rank} of {len(texts)} (ranks {ranks}): {line}"
-        if len(lines) > 1:  # every other rank's own message, identical ones once
-            rep.longrepr += "\n" + "\n".join(lines)
-    elif others and rep.failed and any(line != mine["line"] for _, line in others):
-        lines = distributed.by_message(others, len(texts))
-        rep.longrepr = f"{rep.longrepr}\n--- the other failing ranks' messages ---\n" + "\n".join(lines)
-
-
-def _first_line(rep: pytest.TestReport) -> str:
-    if not rep.failed:
-        return ""
-    crash = getattr(rep.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(rep.longrepr or "")
-    return text.strip().splitlines()[0][:500] if text.strip() else "(no message)"
-
-
-def _outcome_of(rep: pytest.TestReport) -> str | None:
-    """The results-model outcome one phase's report gives (``None``: the phase says nothing)."""
-    if rep.failed:
-        text = str(rep.longrepr or "")
-        return "xpassed" if rep.when == "call" and text.startswith("[XPASS(strict)]") else "failed"
-    if rep.skipped:
-        if hasattr(rep, "wasxfail"):
-            return "xfailed"
-        return "not_claimed" if _is_not_claimed(rep) else "skipped"
-    if rep.when == "call":
-        return "xpassed" if hasattr(rep, "wasxfail") else "passed"
-    return None
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    props = dict(report.user_properties)
-    if "conformance_id" not in props:
-        return
-    got = _outcome_of(report)
-    if got is None:
-        return
-    prior = OUTCOMES.get(report.nodeid)
-    if prior is not None and prior.outcome in ("failed", "xpassed"):
-        return  # a teardown does not undo a failure
-    if report.failed or report.skipped:
-        message = _skip_reason(report) if report.skipped and got != "xfailed" else str(report.longreprtext)
-    else:
-        message = ""
-    OUTCOMES[report.nodeid] = results.Outcome(
-        id=props["conformance_id"], nodeid=report.nodeid, outcome=got, message=message[:8000],
-        case=props.get("case"), replay=props.get("replay"),
-        duration_s=round(report.duration + (prior.duration_s if prior else 0.0), 4),
-        xfail_reason=getattr(report, "wasxfail", None) or None,
-    )  # fmt: skip
-
-
-def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
-    """A case the kernel does not claim is its own category: ``n`` / NOT CLAIMED, counted apart."""
-    if _is_not_claimed(report):
-        return "not claimed", "n", ("NOT CLAIMED", {"yellow": True})
-    return None
-
-
-def outcomes() -> list[results.Outcome]:
-    """Every outcome of this run, with the parts of its id filled in."""
-    out = []
-    for nodeid, o in OUTCOMES.items():
-        meta = ITEM_META.get(nodeid, {})
-        for key in ("family", "impl", "check", "mesh", "platform", "dtype", "shape", "dma_mode"):
-            setattr(o, key, meta.get(key))
-        out.append(o)
-    return out
-
-
-def _byte_table(title: str, records: list) -> results.Table | None:
-    if not records:
-        return None
-    table = results.Table(title, [], records)
-    by_impl: dict[tuple[str, str], list] = defaultdict(list)
-    for rec in records:
-        by_impl[(rec.family, rec.impl)].append(rec)
-    width = max(len(impl) for _, impl in by_impl)
-    for (family, impl), recs in sorted(by_impl.items()):
-        ratios = [r.ratio for r in recs if r.ratio is not None]
-        unbounded = [r.mesh for r in recs if r.received is None]
-        kinds = sorted({c.split("(")[0] for r in recs for c in r.collectives})
-        span = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "n/a"
-        if ratios and min(ratios) == max(ratios):
-            span = f"{ratios[0]:.2f}"
-        if not ratios and all(r.received == 0 for r in recs):
-            span = "0 bytes"
-        via = ", ".join(kinds) or "none"
-        meshes_seen = len({r.mesh.split()[0] for r in recs})  # a lowered record's is "mesh target pass"
-        where = f"{len(recs):>3} modules on {meshes_seen:>2} meshes"
-        line = f"{family:<21} {impl:<{width}}  ratio {span:>9} in {where}  via {via}"
-        if unbounded:
-            line += f"  UNBOUNDED on {unbounded}"
-        table.lines.append(line)
-    return table
-
-
-def _accuracy_table(title: str, records: list) -> results.Table | None:
-    if not records:
-        return None
-    table = results.Table(title, [], records)
-    width = max(len(r.impl) for r in records)
-    rows: dict[tuple[str, str, str, str], list] = defaultdict(list)
-    for r in records:
-        rows[(r.family, r.impl, r.dtype, r.gradient)].append(r)
-    for (family, impl, dtype, gradient), recs in sorted(rows.items()):
-        worst = max(recs, key=lambda r: r.ratio)  # one line per dtype: the range over meshes, the worst case
-        low = min(r.ratio for r in recs)
-        span = f"{low:.2f}-{worst.ratio:.2f}" if f"{low:.2f}" != f"{worst.ratio:.2f}" else f"{low:.2f}"
-        rms = f"{worst.rms:.3e} / {worst.baseline_rms:.3e}"
-        table.lines.append(f"{family:<21} {impl:<{width}}  {dtype:<9} {gradient:<6} ratio {span:>9} on "
-                           f"{len(recs):>2} meshes; worst {worst.mesh}: {rms}")  # fmt: skip
-    return table
-
-
-def _tpu_layout_table(records: list) -> results.Table | None:
-    """Per Pallas kernel and dtype: tile-edge shapes lowered to windows a TPU accepts, and refused."""
-    if not records:
-        return None
-    table = results.Table(
-        "TPU layout (lowered for TPU from this host): shapes accepted / refused with the constraint named",
-        [], records,
-    )  # fmt: skip
-    by_impl: dict[tuple[str, str, str], list] = defaultdict(list)
-    for rec in records:
-        by_impl[(rec.family, rec.impl, rec.dtype)].append(rec)
-    width = max(len(impl) for _, impl, _ in by_impl)
-    for (family, impl, dtype), recs in sorted(by_impl.items()):
-        accepted = [
-            "x".join(str(v) for _, v in r.dims) for r in recs if r.refusal is None and not r.host_limited
-        ]
-        refused = sum(r.refusal is not None for r in recs)
-        limited = sum(r.host_limited is not None for r in recs)
-        table.lines.append(f"{family:<21} {impl:<{width}}  {dtype:<9} accepted {len(accepted)}: "
-                           f"{'; '.join(accepted)}  refused {refused}"
-                           + (f"  not lowerable on this host {limited}" if limited else ""))  # fmt: skip
-    return table
-
-
-def _overlap_table(records: list) -> results.Table | None:
-    """Per implementation and module: transfers that can hide behind a matmul / all, per ring length."""
-    if not records:
-        return None
-    table = results.Table("overlap: transfers with a matmul independent of them / all transfers, by ring "
-                          "length (dataflow of each module)", [], records)  # fmt: skip
-    rows: dict[tuple[str, str, str], list] = defaultdict(list)
-    for r in records:
-        rows[(r.family, r.impl, r.module)].append(r)
-    width = max(len(r.impl) for r in records)
-    for (family, impl, module), recs in sorted(rows.items()):
-        per_ring: dict[int, set[str]] = defaultdict(set)
-        for r in recs:
-            per_ring[r.ring].add(r.fraction)
-        rings = "  ".join(f"n={n}: {', '.join(sorted(v))}" for n, v in sorted(per_ring.items()))
-        scheduled = [r.scheduled for r in recs if r.scheduled is not None]
-        line = f"{family:<21} {impl:<{width}}  {module:<12} {rings}"
-        if scheduled:
-            bracketing, pairs = sum(b for b, _ in scheduled), sum(p for _, p in scheduled)
-            line += f"  scheduled: {bracketing}/{pairs} async pairs bracket a matmul"
-        if recs[0].baseline:
-            line += "  (baseline: reported, not judged)"
-        table.lines.append(line)
-    return table
-
-
-def tables() -> list[results.Table]:
-    """Every table of this run, in the order the terminal shows them."""
-    from conformance.checks import (
-        ACCURACY_RECORDS,
-        BACKWARD_ACCURACY_RECORDS,
-        BACKWARD_BYTE_RECORDS,
-        BYTE_RECORDS,
-        LOWERED_BYTE_RECORDS,
-        OVERLAP_RECORDS,
-        TPU_LAYOUT_RECORDS,
-    )
-
-    made = [
-        _byte_table("forward: bytes received per device / lower bound (compiled HLO)", BYTE_RECORDS),
-        _byte_table(
-            "backward (VJP): bytes received per device / the math's bound (compiled HLO)",
-            BACKWARD_BYTE_RECORDS,
-        ),
-        _byte_table(
-            "16-bit: bytes received per device / bound (modules lowered for each target)",
-            LOWERED_BYTE_RECORDS,
-        ),
-        _accuracy_table(
-            "accuracy: rms error vs float64, implementation / baseline (same inputs)", ACCURACY_RECORDS
-        ),
-        _accuracy_table(
-            "backward accuracy: each gradient's rms error vs float64, implementation / baseline",
-            BACKWARD_ACCURACY_RECORDS,
-        ),
-        _overlap_table(OVERLAP_RECORDS),
-    ]
-    made += [results.Table(title, lines, [r for r in bench.RECORDS if r.family in title])
-             for title, lines in bench.tables(bench.RECORDS)]  # fmt: skip
-    made.append(_tpu_layout_table(TPU_LAYOUT_RECORDS))
-    return [t for t in made if t is not None]
-
-
-def _missing_backends(config: pytest.Config) -> list[str]:
-    """Lines for each platform whose tests were selected but whose backend this host lacks."""
-    lines = []
-    for platform in sorted(config.stash.get(_PLATFORMS, set())):
-        if devices_lib.has_platform(platform):
-            continue
-        ran = [o for o in outcomes() if o.platform == platform and o.outcome in ("passed", "failed")]
-        skipped = sum(o.platform == platform and o.outcome == "skipped" for o in outcomes())
-        host = devices_lib.describe_host()
-        lines.append(f"no {platform} backend on this host ({host}): {skipped} {platform} tests skipped, "
-                     f"{len(ran)} ran; --require-backend={platform} makes this a failure")  # fmt: skip
-    return lines
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    tr = terminalreporter
-    if distributed.is_multi_process() and distributed.rank_and_size()[0] != 0:
-        rank, size = distributed.rank_and_size()
-        tr.write_line(f"rank {rank} of {size}: the tables, matrix and failure summary are printed by rank 0")
-        return
-    for table in tables():
-        tr.section(table.title)
-        for line in table.lines:
-            tr.write_line(line)
-    lines = results.matrix_lines(outcomes())
-    if lines:
-        tr.section("conformance matrix: implementation x check")
-        for line in lines:
-            tr.write_line(line)
-    lines = report.summarize(VERDICTS)
-    if lines:
-        tr.section("conformance failures by implementation: each cause once, smallest failing case first")
-        for line in lines:
-            tr.write_line(line)
-    if STALE:
-        tr.section("stale known-failure lines: they match no collected test")
-        for s in STALE:
-            tr.write_line(f"{s['file']}:{s['line']}: {s['pattern']}  ({s['kind']})")
-    for line in _missing_backends(config):
-        tr.write_line(line, yellow=True, bold=True)
-    for option in ("conformance_json", "conformance_html"):
-        path = config.getoption(option)
-        if path and OUTCOMES:
-            tr.write_line(f"conformance: wrote {path}")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
-    config = session.config
-    config.stash[_EXIT_STATUS] = int(exitstatus)
-    if not OUTCOMES:
-        return
-    made = tables()
-    xml = _junit_xml(config)
-    if xml is not None:  # the tables reach JUnit as testsuite properties
-        for table in made:
-            xml.add_global_property(f"conformance: {table.title}", "\n".join(table.lines))
-    json_path, html_path = config.getoption("conformance_json"), config.getoption("conformance_html")
-    if not (json_path or html_path) or (distributed.is_multi_process() and distributed.rank_and_size()[0]):
-        return  # in a multi-process job rank 0 writes them
-    started, t0 = config.stash[_STARTED]
-    document = results.to_json(outcomes(), made, started=started, duration_s=time.monotonic() - t0,
-                               stale=STALE, command=results.command_line())  # fmt: skip
-    if json_path:
-        results.write_json(json_path, document)
-    if html_path:
-        results.write_html(html_path, document)
-
-
-def _junit_xml(config: pytest.Config):
-    try:
-        from _pytest.junitxml import xml_key
-    except ImportError:  # pragma: no cover - pytest moved it
-        return None
-    return config.stash.get(xml_key, None)
+        run_log(item.config).verdicts.append(verdict)

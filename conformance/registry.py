@@ -192,30 +192,47 @@ def register(
             raise TypeError(f"register({family!r}, name={name!r}): dtypes must be a non-empty tuple of names")
         unknown = [d for d in dtypes if d not in family_dtypes]
         if unknown:
-            raise ValueError(f"register({family!r}, name={name!r}): dtypes {unknown} are not dtypes of "
-                             f"{family!r} ({', '.join(family_dtypes)})")  # fmt: skip
+            raise ValueError(
+                f"register({family!r}, name={name!r}): dtypes {unknown} are not dtypes of "
+                f"{family!r} ({', '.join(family_dtypes)})"
+            )
         dtypes = tuple(dtypes)
     if platforms is not None:
         if isinstance(platforms, str) or not set(platforms) <= {"cpu", "gpu", "tpu"} or not platforms:
-            raise ValueError(f"register({family!r}, name={name!r}): platforms must be a tuple of "
-                             f"'cpu', 'gpu', 'tpu'; got {platforms!r}")  # fmt: skip
+            raise ValueError(
+                f"register({family!r}, name={name!r}): platforms must be a tuple of "
+                f"'cpu', 'gpu', 'tpu'; got {platforms!r}"
+            )
         platforms = tuple(platforms)
     if supports is not None and not callable(supports):
         raise TypeError(f"register({family!r}, name={name!r}): supports must be callable, got {supports!r}")
     if isinstance(requires, str) or not all(isinstance(m, str) and m for m in requires):
-        raise TypeError(f"register({family!r}, name={name!r}): requires must be a tuple of module names, "
-                        f"got {requires!r}")  # fmt: skip
+        raise TypeError(
+            f"register({family!r}, name={name!r}): requires must be a tuple of module names, got {requires!r}"
+        )
     if resources is not None and not callable(resources):
         raise TypeError(f"register({family!r}, name={name!r}): resources must be callable, got {resources!r}")
 
     def decorator(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"register({family!r}, name={name!r}) needs a callable, got {fn!r}")
-        impl = Implementation(family, name, fn, baseline=baseline, description=description,
-                              pallas=pallas, lowering_targets=tuple(lowering_targets),
-                              differentiable=differentiable, dtypes=dtypes, platforms=platforms,
-                              supports=supports, registered_by=registered_by, requires=tuple(requires),
-                              accepts_timeout=accepts_timeout, resources=resources)  # fmt: skip
+        impl = Implementation(
+            family,
+            name,
+            fn,
+            baseline=baseline,
+            description=description,
+            pallas=pallas,
+            lowering_targets=tuple(lowering_targets),
+            differentiable=differentiable,
+            dtypes=dtypes,
+            platforms=platforms,
+            supports=supports,
+            registered_by=registered_by,
+            requires=tuple(requires),
+            accepts_timeout=accepts_timeout,
+            resources=resources,
+        )
         existing = _REGISTRY.setdefault(family, {}).get(name)
         if existing is not None and existing.fn is not fn:
             same_place = (existing.module, existing.fn.__qualname__) == (
@@ -276,8 +293,10 @@ class NotRegistered(KeyError):
 
     def __init__(self, family: str, name: str) -> None:
         names = ", ".join(sorted(_REGISTRY.get(family, {}))) or "none"
-        super().__init__(f"no implementation {name!r} of {family!r} is registered (registered: {names}); "
-                         "is the module that registers it passed with --kernels?")  # fmt: skip
+        super().__init__(
+            f"no implementation {name!r} of {family!r} is registered (registered: {names}); "
+            "is the module that registers it passed with --kernels?"
+        )
         self.family, self.name = family, name
 
     def __str__(self) -> str:

@@ -51,14 +51,6 @@ OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "not_claimed")
 _LETTER = {"failed": "F", "xpassed": "X", "passed": "P", "xfailed": "x", "not_claimed": "n", "skipped": "s"}
 
 
-#: The case the running test last checked, and the check (set by ``family_tests.run``).
-LAST_CASE: dict[str, Any] = {}
-
-
-def note_case(case: Any, check: str) -> None:
-    LAST_CASE["case"] = (case, check)
-
-
 @dataclasses.dataclass
 class Outcome:
     id: str
@@ -80,23 +72,77 @@ class Outcome:
 
 
 @dataclasses.dataclass
+class RunLog:
+    """Everything one pytest session's run produced, kept on that session (the plugin's
+    :class:`~conformance.session.Session`, in ``config.stash``): the terminal tables, the JSON, the
+    HTML and the JUnit properties are all drawn from it."""
+
+    #: Every outcome of a test of the suite, by node id.
+    outcomes: dict[str, Outcome] = dataclasses.field(default_factory=dict)
+    #: Every collected test's uniform id and its parts, by node id.
+    item_meta: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Lines of ``--xfails-file`` / ``--skips-file`` that matched no collected test.
+    stale: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Every family test's verdict, for the summary of failures by cause (:mod:`conformance.report`).
+    verdicts: list[Any] = dataclasses.field(default_factory=list)
+    #: The records the checks (and benchmarks) made, by check name, in the order they came.
+    records: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    #: By node id: the last check a test ran, and its case (the replay line of a passing test too).
+    last_check: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The node id of the test running now.
+    current: str | None = None
+
+    def add(self, outcome: Any) -> None:
+        """A :class:`~conformance.outcomes.CheckOutcome` of the running test: its records join the
+        run's, and it becomes the test's last check."""
+        self.records.setdefault(outcome.check, []).extend(outcome.records)
+        if self.current is not None:
+            self.last_check[self.current] = outcome
+
+    def add_records(self, source: str, records: Iterable[Any]) -> None:
+        self.records.setdefault(source, []).extend(records)
+
+
+@dataclasses.dataclass
 class Table:
     title: str
     lines: list[str]
     records: list[Any] = dataclasses.field(default_factory=list)
 
 
-def uniform_id(family: str, impl: str, check: str, params: dict[str, Any]) -> str:
-    """``family/impl/check/mesh/platform[/dtype][/shape][/dma_mode]`` (absent parts left out); for
-    send_recv the route stands for the mesh and its layout or bad destination follows the dtype."""
-    parts = [family, impl, check]
-    mesh = params.get("mesh_config") or params.get("route")
-    parts.append(mesh.label if mesh is not None else "no-mesh")
-    parts.append(str(params.get("platform", "cpu")))
-    for key in ("dtype", "shape", "layout", "bad", "dma_mode"):
+@dataclasses.dataclass(frozen=True)
+class IdParts:
+    """Which test parameters a family's uniform ids are made of. A family test module whose tests
+    name them otherwise sets ``ID_PARTS`` to its own (the send_recv tests: a route for the mesh, a
+    layout for the shape, and the bad destination after it)."""
+
+    #: The parameter that is the mesh (a value with ``label`` and ``num_devices``).
+    mesh: str = "mesh_config"
+    #: The parameter that is the shape.
+    shape: str = "shape"
+    #: Parameters that follow the shape in the id, before the DMA mode.
+    extra: tuple[str, ...] = ()
+
+    def of(self, module: object) -> IdParts:
+        """``module``'s own ``ID_PARTS``, else these."""
+        return getattr(module, "ID_PARTS", self)
+
+
+#: The parts of the shard_map families' ids.
+ID_PARTS = IdParts()
+
+
+def uniform_id(family: str, impl: str, check: str, params: dict[str, Any], parts: IdParts = ID_PARTS) -> str:
+    """``family/impl/check/mesh/platform[/dtype][/shape][/extra...][/dma_mode]`` (absent parts left
+    out), the parameters named by ``parts``."""
+    out = [family, impl, check]
+    mesh = params.get(parts.mesh)
+    out.append(mesh.label if mesh is not None else "no-mesh")
+    out.append(str(params.get("platform", "cpu")))
+    for key in ("dtype", parts.shape, *parts.extra, "dma_mode"):
         if key in params:
-            parts.append(str(params[key]))
-    return "/".join(parts)
+            out.append(str(params[key]))
+    return "/".join(out)
 
 
 def matrix(outcomes: Iterable[Outcome]) -> dict[str, dict[str, Counter]]:

@@ -19,7 +19,7 @@ import sys
 import threading
 import traceback
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -28,6 +28,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from conformance import compat, mosaic, registry, specs, tolerances
+from conformance import session as session_lib
+from conformance.blame import stuck_locations
 from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 from conformance.specs.base import FamilySpec
 
@@ -65,8 +67,9 @@ class Case:
         missing = set(spec.dims) - set(dims)
         if missing:
             raise ValueError(f"{family} needs dims {spec.dims}; missing {sorted(missing)}")
-        return cls(family, impl, mesh, tuple((k, int(dims[k])) for k in spec.dims), dtype,
-                   platform, seed, dma_mode)  # fmt: skip
+        return cls(
+            family, impl, mesh, tuple((k, int(dims[k])) for k in spec.dims), dtype, platform, seed, dma_mode
+        )
 
     @property
     def spec(self) -> FamilySpec:
@@ -112,8 +115,9 @@ class Case:
         except ValueError as e:
             expected = "MESH:DIM=V,...:DTYPE:seed=S[:dma=MODE]"
             raise ValueError(f"bad case token {token!r}; expected {expected}") from e
-        return cls.make(family, impl, parse_mesh(mesh_label), dims, dtype,
-                        platform=platform, seed=seed, dma_mode=dma_mode)  # fmt: skip
+        return cls.make(
+            family, impl, parse_mesh(mesh_label), dims, dtype, platform=platform, seed=seed, dma_mode=dma_mode
+        )
 
     def replay_command(self, check: str) -> str:
         """One line that re-runs exactly this check on exactly this case."""
@@ -141,9 +145,12 @@ class Case:
             f"dtype          : {self.dtype}",
             f"shapes         : {ins} -> out{list(self.out_shape)} {spec.out_spec(axis)}",
             f"dims           : {', '.join(f'{k}={v}' for k, v in self.dims)}",
-            *([f"interpret      : TPU interpret mode, dma_execution_mode={self.dma_mode!r}"]
-              if self.dma_mode else []),
-        ]  # fmt: skip
+            *(
+                [f"interpret      : TPU interpret mode, dma_execution_mode={self.dma_mode!r}"]
+                if self.dma_mode
+                else []
+            ),
+        ]
 
 
 #: TPU interpret mode's DMA execution orders; "on_wait" runs DMAs as late and
@@ -375,19 +382,8 @@ def lowered_pullback_for(case: Case, target: str) -> Any:
     )
 
 
-#: Seconds a Pallas kernel may run in interpret mode before the watchdog stops it.
-HANG_TIMEOUT_S: float = 20.0
-
-#: Seconds a stopped kernel has to unwind after the watchdog's abort before it counts as
-#: unstoppable (a thread stuck below Python, where no flag or semaphore reaches it).
-ABORT_GRACE_S: float = 10.0
-
-#: Implementations that hung this session -> where; their later runs fail at once.
-HUNG: dict[tuple[str, str], str] = {}
-
-
 class KernelHang(RuntimeError):
-    """A Pallas kernel did not finish in interpret mode within ``HANG_TIMEOUT_S``."""
+    """A Pallas kernel did not finish in interpret mode within the session's hang timeout."""
 
 
 def stuck_stacks() -> list[traceback.StackSummary]:
@@ -396,14 +392,13 @@ def stuck_stacks() -> list[traceback.StackSummary]:
     return [traceback.extract_stack(f) for ident, f in sys._current_frames().items() if ident not in skip]
 
 
-def _end_process(case: Case, stacks: list[traceback.StackSummary]) -> None:
-    """Default for :data:`on_unstoppable`: say what hung and where, then end this process.
+def end_process(case: Case, stacks: list[traceback.StackSummary]) -> None:
+    """What a session without its own ``on_unstoppable`` does: say what hung and where, then end this
+    process.
 
     Checks of Pallas kernels on CPU run in a worker process (:mod:`conformance.isolation`),
     which reports instead; with isolation off this ends the run, which beats no bound.
     """
-    from conformance.checks import stuck_locations  # here: checks imports this module
-
     lines = [
         f"{case.impl} ({case.family}, {case.token}) hung in TPU interpret mode and did not stop "
         "when the watchdog aborted it; ending the process. Its threads are stuck at"
@@ -413,23 +408,21 @@ def _end_process(case: Case, stacks: list[traceback.StackSummary]) -> None:
     os._exit(70)
 
 
-#: Called from the watchdog's thread with the case and :func:`stuck_stacks` when a kernel the
-#: watchdog stopped has not unwound within ``ABORT_GRACE_S``; it must not return.
-on_unstoppable: Callable[[Case, list[traceback.StackSummary]], None] = _end_process
-
-
 def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
     """Call ``fn``; for a Pallas kernel on CPU, under a watchdog that stops a hung kernel.
 
-    At ``HANG_TIMEOUT_S`` the watchdog aborts the kernel (interpret mode's failure
-    flag; every device unwinds). A kernel still running ``ABORT_GRACE_S`` later is
-    beyond any abort: :data:`on_unstoppable` ends the process, naming where it hangs.
+    At the active session's ``hang_timeout_s`` the watchdog aborts the kernel (interpret mode's
+    failure flag; every device unwinds). A kernel still running ``abort_grace_s`` later is beyond
+    any abort: the session's ``on_unstoppable`` (default :func:`end_process`) ends the process,
+    naming where it hangs.
     """
     if not (case.implementation.pallas and case.platform == "cpu"):
         return fn(*args)
-    key = (case.family, case.impl)
-    if key in HUNG:
-        raise KernelHang(f"not run again: {HUNG[key]}")
+    run = session_lib.current()
+    hang_timeout_s, key = run.settings.hang_timeout_s, (case.family, case.impl)
+    on_unstoppable = run.on_unstoppable or end_process
+    if key in run.hung:
+        raise KernelHang(f"not run again: {run.hung[key].what}")
     # Isolation: a DMA an earlier kernel left in flight must not land in this run.
     compat.reset_interpret_state()
     fired, done = threading.Event(), threading.Event()
@@ -438,15 +431,15 @@ def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
         if not done.is_set():
             on_unstoppable(case, stuck_stacks())
 
-    grace = threading.Timer(ABORT_GRACE_S, unstoppable)
+    grace = threading.Timer(run.settings.abort_grace_s, unstoppable)
     grace.daemon = True
 
     def stop() -> None:
         fired.set()
         grace.start()
-        compat.abort_interpreted_kernel(f"{case.impl} exceeded {HANG_TIMEOUT_S:g}s (watchdog)")
+        compat.abort_interpreted_kernel(f"{case.impl} exceeded {hang_timeout_s:g}s (watchdog)")
 
-    timer = threading.Timer(HANG_TIMEOUT_S, stop)
+    timer = threading.Timer(hang_timeout_s, stop)
     timer.daemon = True
     timer.start()
     try:
@@ -463,12 +456,13 @@ def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
     if fired.is_set():
         compat.reset_interpret_state(after_failure=True)
         where = f"{case.mesh.label}, dma_mode={case.dma_mode}"
-        HUNG[key] = (
-            f"{case.impl} did not finish within {HANG_TIMEOUT_S:g}s in TPU interpret mode on "
+        what = (
+            f"{case.impl} did not finish within {hang_timeout_s:g}s in TPU interpret mode on "
             f"{where}: a semaphore or DMA wait that nothing signals (the watchdog stopped it "
             "and reset the interpreter)"
         )
-        raise KernelHang(HUNG[key])
+        run.hung[key] = session_lib.Hang(what, case.token)
+        raise KernelHang(what)
     return out
 
 

@@ -9,7 +9,7 @@ contraction of 1, sizes that are not powers of two).
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from conformance import claims, registry, specs
@@ -17,22 +17,41 @@ from conformance.fixtures.devices import devices_of
 from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig
 from conformance.runner import DMA_MODES, Case
 
-#: The hypothesis settings the suite's own tests run under (the plugin sets it from
-#: ``--hypothesis-profile``, default ``conformance-ci``); the session's default profile,
-#: which a user's own hypothesis tests use, is never changed.
-PROFILE: settings = settings.default
+settings.register_profile(
+    "conformance-ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=10,
+    print_blob=True,
+    # No "explain" phase: its line-coverage report is noise next to the failure message.
+    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "conformance-thorough",
+    parent=settings.get_profile("conformance-ci"),
+    derandomize=False,
+    max_examples=200,
+)
+#: The hypothesis profile the suite's own tests run under: the plugin registers it as a copy of
+#: ``--hypothesis-profile`` (default ``conformance-ci``) before the test modules are imported.
+#: The session's default profile, which a user's own hypothesis tests use, is never changed.
+SUITE_PROFILE = "conformance-suite"
 
-#: Candidate values per named dim. K stays <= 32 so that gamma_{K+1} for
-#: bfloat16 (about K * 2**-8) stays well below 1 and the tolerance stays tight.
-DIM_VALUES: dict[str, tuple[int, ...]] = {
-    "rows_per_shard": (1, 2, 3, 5, 8),
-    "cols_per_shard": (1, 2, 3, 8),
-    #: Contraction per shard (matmul_reduce_scatter): K = k_per_shard * n <= 32 on 8 devices.
-    "k_per_shard": (1, 2, 4),
-    "K": (1, 3, 8, 16, 32),
-    #: Trailing width: lane-dense (128, 256) as TPU layouts prefer, and narrow/odd ones.
-    "cols": (1, 8, 128, 256),
-}
+
+def use_profile(name: str | None) -> None:
+    """Make the suite's tests run under hypothesis profile ``name`` (``None``: ``conformance-ci``)."""
+    settings.register_profile(SUITE_PROFILE, parent=settings.get_profile(name or "conformance-ci"))
+
+
+def suite_settings() -> settings:
+    """The settings of the suite's hypothesis tests (:data:`SUITE_PROFILE`; ``conformance-ci``
+    where no pytest session chose one, e.g. the module imported on its own)."""
+    try:
+        return settings.get_profile(SUITE_PROFILE)
+    except Exception:  # hypothesis raises InvalidArgument for an unregistered profile
+        return settings.get_profile("conformance-ci")
 
 
 def mesh_configs(platform: str = "cpu") -> st.SearchStrategy[MeshConfig]:
@@ -47,20 +66,21 @@ def mesh_configs(platform: str = "cpu") -> st.SearchStrategy[MeshConfig]:
 
 def dims(family: str) -> st.SearchStrategy[dict[str, int]]:
     spec = specs.get(family)
-    return st.fixed_dictionaries({d: st.sampled_from(DIM_VALUES[d]) for d in spec.dims})
+    return st.fixed_dictionaries({d: st.sampled_from(spec.values_of(d)) for d in spec.dims})
 
 
 def tpu_layout_dims(family: str) -> list[dict[str, int]]:
     """Shapes at a TPU's tile edges: the family's TPU-native dims, then each dim moved alone
-    to every other value of :data:`DIM_VALUES` (1 row, odd rows, narrow lanes).
+    to every other value the spec draws it from (1 row, odd rows, narrow lanes).
 
     A Pallas kernel compiled for a TPU must accept the first and, for each of the
     others, either refuse it naming the constraint or lower to windows a TPU accepts.
     """
-    native = dict(specs.get(family).tpu_native_dims or {})
+    spec = specs.get(family)
+    native = dict(spec.tpu_native_dims or {})
     shapes = [native]
     for dim, value in native.items():
-        shapes += [{**native, dim: v} for v in DIM_VALUES[dim] if v != value]
+        shapes += [{**native, dim: v} for v in spec.values_of(dim) if v != value]
     return shapes
 
 

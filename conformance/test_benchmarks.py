@@ -30,7 +30,7 @@ import math
 import jax
 import pytest
 
-from conformance import bench, claims, compat, registry, runner, specs, transfers
+from conformance import bench, claims, compat, pytest_plugin, registry, runner, specs, transfers
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
 from conformance.runner import Case
 
@@ -71,15 +71,16 @@ def test_benchmark(
         mesh=mesh_config,
         dtype="float32",
         dims=bench.dims_for(family, shard_bytes),
-    )  # fmt: skip  (what the kernel claims)
+    )
     record = registry.get(family, implementation)
     dma_mode = "on_wait" if platform == "cpu" and record.pallas else None
     case = Case.make(
         family, implementation, mesh_config, dims, "float32", platform=platform, dma_mode=dma_mode
     )
     if record.pallas and platform == "cpu":
-        limit = compat.interpret_mode_limit(devices=mesh_config.num_devices,
-                                            bytes_per_device=runner.largest_shard_bytes(case))  # fmt: skip
+        limit = compat.interpret_mode_limit(
+            devices=mesh_config.num_devices, bytes_per_device=runner.largest_shard_bytes(case)
+        )
         if limit:
             pytest.skip(f"{implementation}: {limit}")
     fn = runner.compiled(case)
@@ -101,12 +102,17 @@ def test_benchmark(
         received_bytes=case.spec.min_received_bytes(case.dims_map, n, 4),
         platform=platform,
     )
-    bench.RECORDS.append(row)
+    pytest_plugin.run_log(request.config).add_records(bench.SOURCE, [row])
     benchmark.extra_info.update(
-        family=family, mesh=row.mesh, platform=platform, dims=row.dims, size_bytes=row.size_bytes,
-        received_bytes_per_device=row.received_bytes, algbw_bytes_per_s=row.algbw,
+        family=family,
+        mesh=row.mesh,
+        platform=platform,
+        dims=row.dims,
+        size_bytes=row.size_bytes,
+        received_bytes_per_device=row.received_bytes,
+        algbw_bytes_per_s=row.algbw,
         busbw_bytes_per_s=row.busbw,
-    )  # fmt: skip
+    )
     assert math.isfinite(row.median_s) and row.median_s > 0, row
 
 
@@ -120,8 +126,9 @@ def test_benchmark_send_recv(
 ) -> None:
     platform = bench.preferred_platform()
     record = registry.get("send_recv", implementation)
-    why = record.claims(platform=platform, dtype=dtype, dims={}, mesh_shape={"x": route.size},
-                        axis_size=route.size)  # fmt: skip
+    why = record.claims(
+        platform=platform, dtype=dtype, dims={}, mesh_shape={"x": route.size}, axis_size=route.size
+    )
     if why is not None:
         raise claims.NotClaimed(implementation, why)
     missing = record.missing_requirement()
@@ -137,17 +144,33 @@ def test_benchmark_send_recv(
     t = transfers.Transfer(implementation, platform, route, layout, dtype, 0, "").prepare(tuple(devices))
     jax.block_until_ready(record.fn(t.x, dst=t.dst))  # compiled, connected and run once before timing
     rounds = request.config.getoption("bench_rounds")
-    benchmark.pedantic(lambda: jax.block_until_ready(record.fn(t.x, dst=t.dst)), rounds=rounds, iterations=1,
-                       warmup_rounds=1)  # fmt: skip
+    benchmark.pedantic(
+        lambda: jax.block_until_ready(record.fn(t.x, dst=t.dst)), rounds=rounds, iterations=1, warmup_rounds=1
+    )
     row = bench.BenchRecord(
-        family="send_recv", impl=implementation, baseline=record.baseline, mesh=route.label, ring=route.size,
-        shard_bytes=shard_bytes, dims=f"{route.size} pairs", median_s=benchmark.stats.stats.median,
-        size_bytes=shard_bytes, received_bytes=shard_bytes, platform=platform, dtype=dtype,
-    )  # fmt: skip
-    bench.RECORDS.append(row)
+        family="send_recv",
+        impl=implementation,
+        baseline=record.baseline,
+        mesh=route.label,
+        ring=route.size,
+        shard_bytes=shard_bytes,
+        dims=f"{route.size} pairs",
+        median_s=benchmark.stats.stats.median,
+        size_bytes=shard_bytes,
+        received_bytes=shard_bytes,
+        platform=platform,
+        dtype=dtype,
+        point_to_point=True,
+    )
+    pytest_plugin.run_log(request.config).add_records(bench.SOURCE, [row])
     benchmark.extra_info.update(
-        family="send_recv", mesh=row.mesh, platform=platform, dtype=dtype, size_bytes=row.size_bytes,
-        received_bytes_per_device=row.received_bytes, algbw_bytes_per_s=row.algbw,
+        family="send_recv",
+        mesh=row.mesh,
+        platform=platform,
+        dtype=dtype,
+        size_bytes=row.size_bytes,
+        received_bytes_per_device=row.received_bytes,
+        algbw_bytes_per_s=row.algbw,
         busbw_bytes_per_s=row.busbw,
-    )  # fmt: skip
+    )
     assert math.isfinite(row.median_s) and row.median_s > 0, row

@@ -15,13 +15,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import claims, distributed, family_tests, registry, transfers
+from conformance import claims, distributed, family_tests, registry, results, transfers
 from conformance.checks import ConformanceFailure
 from conformance.fixtures import devices as devices_lib
+from conformance.outcomes import CheckOutcome
+from conformance.run import agreed
 from conformance.specs import SEND_RECV
 from conformance.transfers import LAYOUT_NAMES, ROUTES, Layout, Route, Transfer
 
 FAMILY = transfers.FAMILY
+#: The uniform ids of these tests: the route stands for the mesh, the layout for the shape, and the
+#: bad destination follows it.
+ID_PARTS = results.IdParts(mesh="route", shape="layout", extra=("bad",))
 
 #: The routes of the resources, no-pickle and bad-destination checks: one per kind of pair
 #: (a device to itself, a permutation, other devices), the smallest that shows it.
@@ -67,15 +72,15 @@ def transfer(
 def run(check, t: Transfer, *args) -> None:
     """Run one check; in a multi-process job the verdict is agreed across ranks first."""
     name = check.__name__.removeprefix("check_")
-    caught = None
+    outcome = CheckOutcome(name, t, "passed")
     try:
         check(t, *args)
     except ConformanceFailure as failure:
-        caught = failure
+        outcome = CheckOutcome(name, t, "failed", str(failure), failure.what, failure)
     if distributed.is_multi_process():
-        caught, _ = family_tests._agreed_verdict(None, name, caught, None)
-    if caught is not None:
-        raise family_tests.CheckFailed(caught)
+        outcome = agreed(outcome)
+    if outcome.verdict == "failed":
+        raise family_tests.CheckFailed(outcome.failure)
 
 
 @routes
@@ -178,6 +183,8 @@ def test_timeout(request, implementation: str, platform: str, route: Route) -> N
     if not impl.accepts_timeout:
         raise claims.NotClaimed(implementation, "does not accept timeout= (not declared at registration)")
     if not distributed.is_multi_process():
-        pytest.skip(f"{implementation}: the timeout check needs a job of 2 or more processes, where one "
-                    "side can stay away (python -m conformance launch --processes 2 ...)")  # fmt: skip
+        pytest.skip(
+            f"{implementation}: the timeout check needs a job of 2 or more processes, where one "
+            "side can stay away (python -m conformance launch --processes 2 ...)"
+        )
     run(transfers.check_timeout, transfer(request, implementation, platform, route))

@@ -44,14 +44,21 @@ def _id(value) -> str:
 @pytest.mark.parametrize(
     ("rows", "dtype", "large_tiling", "tile"),
     [
-        (256, "float32", False, 8), (256, "float32", True, 8),
-        (256, "bfloat16", False, 8), (256, "bfloat16", True, 16),
-        (256, "int8", False, 8), (256, "int8", True, 32),
-        (1, "float32", False, 1), (3, "float32", False, 4), (5, "float32", False, 8),
-        (1, "bfloat16", False, 2), (1, "int8", False, 4), (2, "int8", True, 4),
+        (256, "float32", False, 8),
+        (256, "float32", True, 8),
+        (256, "bfloat16", False, 8),
+        (256, "bfloat16", True, 16),
+        (256, "int8", False, 8),
+        (256, "int8", True, 32),
+        (1, "float32", False, 1),
+        (3, "float32", False, 4),
+        (5, "float32", False, 8),
+        (1, "bfloat16", False, 2),
+        (1, "int8", False, 4),
+        (2, "int8", True, 4),
     ],
     ids=_id,
-)  # fmt: skip
+)
 def test_second_minor_tile_matches_xla_tpu_tilings(
     rows: int, dtype: str, large_tiling: bool, tile: int
 ) -> None:
@@ -61,21 +68,36 @@ def test_second_minor_tile_matches_xla_tpu_tilings(
 
 @pytest.mark.parametrize(
     ("shape", "dtype", "aligned"),
-    [((8, 128), "float32", True), ((16, 256), "bfloat16", True), ((8, 128), "bfloat16", True),
-     ((24, 128), "bfloat16", False), ((3, 128), "float32", False), ((8, 64), "float32", False),
-     ((32, 128), "int8", True), ((16, 128), "int8", True), ((40, 128), "int8", False)],
+    [
+        ((8, 128), "float32", True),
+        ((16, 256), "bfloat16", True),
+        ((8, 128), "bfloat16", True),
+        ((24, 128), "bfloat16", False),
+        ((3, 128), "float32", False),
+        ((8, 64), "float32", False),
+        ((32, 128), "int8", True),
+        ((16, 128), "int8", True),
+        ((40, 128), "int8", False),
+    ],
     ids=_id,
-)  # fmt: skip
+)
 def test_tile_aligned(shape: tuple[int, int], dtype: str, aligned: bool) -> None:
     assert mosaic.tile_aligned(shape, dtype) is aligned
 
 
 @pytest.mark.parametrize(
     ("rows", "dtype", "split"),
-    [(5, "float32", (3, 2)), (1, "float32", (1, 0)), (8, "float32", (8, 0)), (24, "float32", (16, 8)),
-     (96, "int8", (64, 32)), (96, "bfloat16", (48, 48)), (3, "int8", (2, 1))],
+    [
+        (5, "float32", (3, 2)),
+        (1, "float32", (1, 0)),
+        (8, "float32", (8, 0)),
+        (24, "float32", (16, 8)),
+        (96, "int8", (64, 32)),
+        (96, "bfloat16", (48, 48)),
+        (3, "int8", (2, 1)),
+    ],
     ids=_id,
-)  # fmt: skip
+)
 def test_bidirectional_split_is_tile_aligned_where_the_shard_is(rows: int, dtype: str, split: tuple) -> None:
     assert row_split((rows, 128), dtype, bidirectional=True) == split
     assert row_split((rows, 128), dtype, bidirectional=False) == (rows, 0)
@@ -91,10 +113,14 @@ def _lower_for_tpu(kernel, shape: tuple[int, ...], dtype) -> str:
 @pytest.mark.parametrize("kernel", RINGS, ids=lambda k: k.__name__)
 @pytest.mark.parametrize(
     ("shape", "dtype", "named"),
-    [((12, 128), jnp.float32, "(4, 128) tiles"), ((32, 64), jnp.float32, "(8, 128) tiles"),
-     ((32, 128), jnp.bool_, "bool"), ((512,), jnp.float32, "1-D shard")],
+    [
+        ((12, 128), jnp.float32, "(4, 128) tiles"),
+        ((32, 64), jnp.float32, "(8, 128) tiles"),
+        ((32, 128), jnp.bool_, "bool"),
+        ((512,), jnp.float32, "1-D shard"),
+    ],
     ids=_id,
-)  # fmt: skip
+)
 def test_ring_refuses_what_a_tpu_cannot_run(kernel, shape: tuple[int, ...], dtype, named: str) -> None:
     with pytest.raises(mosaic.TpuConstraintError, match=r".*") as refusal:
         _lower_for_tpu(kernel, shape, dtype)

@@ -51,8 +51,18 @@ EXPECTED_MESSAGE: dict[str, str] = {
 }
 
 
-def _ring(lhs, rhs, *, mesh, axis_name, slot_sign=+1, payload=lambda b: b, unpayload=lambda b: b,
-          matmul=local_matmul, out_spec=None):  # fmt: skip
+def _ring(
+    lhs,
+    rhs,
+    *,
+    mesh,
+    axis_name,
+    slot_sign=+1,
+    payload=lambda b: b,
+    unpayload=lambda b: b,
+    matmul=local_matmul,
+    out_spec=None,
+):
     """A unidirectional ring with hooks for each way of breaking it."""
 
     def body(lhs_block, rhs_block):
@@ -62,14 +72,19 @@ def _ring(lhs, rhs, *, mesh, axis_name, slot_sign=+1, payload=lambda b: b, unpay
         for step in range(n):
             if step < n - 1:
                 nxt = unpayload(lax.ppermute(payload(block), axis_name, ring_perm(n, -1)))
-            out = lax.dynamic_update_slice(out, matmul(block, rhs_block),
-                                           (((me + slot_sign * step) % n) * m, 0))  # fmt: skip
+            out = lax.dynamic_update_slice(
+                out, matmul(block, rhs_block), (((me + slot_sign * step) % n) * m, 0)
+            )
             if step < n - 1:
                 block = nxt
         return out
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
-                         out_specs=out_spec or P(None, axis_name))(lhs, rhs)  # fmt: skip
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P(axis_name, None), P(None, axis_name)),
+        out_specs=out_spec or P(None, axis_name),
+    )(lhs, rhs)
 
 
 @conformance.register("allgather_matmul", name="broken_ring_wrong_slot")
@@ -86,8 +101,9 @@ def broken_allgather_then_matmul(lhs, rhs, *, mesh, axis_name):
     def body(lhs_block, rhs_block):
         return local_matmul(lax.all_gather(lhs_block, axis_name, tiled=True), rhs_block)
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
-                         out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)
 
 
 @conformance.register("allgather_matmul", name="broken_output_sharded_over_other_axis")
@@ -103,8 +119,9 @@ def broken_output_sharded_over_other_axis(lhs, rhs, *, mesh, axis_name):
         return lax.dynamic_slice_in_dim(full, lax.axis_index(other) * rows, rows)
 
     gathered = _ring(lhs, rhs, mesh=mesh, axis_name=axis_name)
-    return jax.shard_map(keep_my_rows, mesh=mesh, in_specs=P(None, axis_name),
-                         out_specs=P(other, axis_name))(gathered)  # fmt: skip
+    return jax.shard_map(keep_my_rows, mesh=mesh, in_specs=P(None, axis_name), out_specs=P(other, axis_name))(
+        gathered
+    )
 
 
 @conformance.register("allgather_matmul", name="broken_truncates_indivisible_rows")
@@ -184,12 +201,14 @@ def broken_backward_allreduce_then_slice(lhs, rhs, *, mesh, axis_name):
         return own_rows.astype(lhs_block.dtype), d_rhs
 
     ring = with_ring_vjp(forward, allreduce_then_slice)
-    return jax.shard_map(ring, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
-                         out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip
+    return jax.shard_map(
+        ring, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)
 
 
-def _ring_with_reduce_scatter_d_lhs(lhs, rhs, *, mesh, axis_name, name, max_hops=None, round_each_hop=False,
-                                    gather_lhs_as_float32=False):  # fmt: skip
+def _ring_with_reduce_scatter_d_lhs(
+    lhs, rhs, *, mesh, axis_name, name, max_hops=None, round_each_hop=False, gather_lhs_as_float32=False
+):
     """The unidirectional ring forward and ``d_rhs``; ``d_lhs`` (a reduce-scatter of
     ``ct @ rhs.T``) by a ring of its own written here, broken by the knobs."""
     validate(name, lhs, rhs, mesh, axis_name)
@@ -229,8 +248,9 @@ def _ring_with_reduce_scatter_d_lhs(lhs, rhs, *, mesh, axis_name, name, max_hops
         return acc.astype(lhs_block.dtype), d_rhs
 
     ring = with_ring_vjp(forward, reduce_scatter_ring)
-    return jax.shard_map(ring, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
-                         out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip
+    return jax.shard_map(
+        ring, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)
 
 
 @conformance.register(
@@ -239,8 +259,14 @@ def _ring_with_reduce_scatter_d_lhs(lhs, rhs, *, mesh, axis_name, name, max_hops
 def broken_backward_ring_stops_after_three_hops(lhs, rhs, *, mesh, axis_name):
     """``d_lhs`` by a reduce-scatter ring whose loop bound was written for small rings
     (``min(n - 1, 3)`` hops): exact for n <= 4, wrong beyond."""
-    return _ring_with_reduce_scatter_d_lhs(lhs, rhs, mesh=mesh, axis_name=axis_name, max_hops=3,
-                                           name="broken_backward_ring_stops_after_three_hops")  # fmt: skip
+    return _ring_with_reduce_scatter_d_lhs(
+        lhs,
+        rhs,
+        mesh=mesh,
+        axis_name=axis_name,
+        max_hops=3,
+        name="broken_backward_ring_stops_after_three_hops",
+    )
 
 
 @conformance.register(
@@ -250,8 +276,14 @@ def broken_backward_rounds_partial_sums_each_hop(lhs, rhs, *, mesh, axis_name):
     """``d_lhs`` by a reduce-scatter ring that carries its partial sums in the operand's 16-bit
     dtype, rounding at every hop (what JAX's autodiff of a ppermute ring does): within the
     elementwise bound, clearly less accurate than the baseline's backward."""
-    return _ring_with_reduce_scatter_d_lhs(lhs, rhs, mesh=mesh, axis_name=axis_name, round_each_hop=True,
-                                           name="broken_backward_rounds_partial_sums_each_hop")  # fmt: skip
+    return _ring_with_reduce_scatter_d_lhs(
+        lhs,
+        rhs,
+        mesh=mesh,
+        axis_name=axis_name,
+        round_each_hop=True,
+        name="broken_backward_rounds_partial_sums_each_hop",
+    )
 
 
 @conformance.register("allgather_matmul", name="broken_backward_gathers_lhs_as_float32", differentiable=True)
@@ -260,8 +292,9 @@ def broken_backward_gathers_lhs_as_float32(lhs, rhs, *, mesh, axis_name):
     twice their bytes, which only a module lowered for a target shows (XLA CPU converts 16-bit
     transfers to float32 for every kernel, so its compiled module cannot tell)."""
     name = "broken_backward_gathers_lhs_as_float32"
-    return _ring_with_reduce_scatter_d_lhs(lhs, rhs, mesh=mesh, axis_name=axis_name, name=name,
-                                           gather_lhs_as_float32=True)  # fmt: skip
+    return _ring_with_reduce_scatter_d_lhs(
+        lhs, rhs, mesh=mesh, axis_name=axis_name, name=name, gather_lhs_as_float32=True
+    )
 
 
 @conformance.register(

@@ -33,8 +33,9 @@ EXPECTED_MESSAGE: dict[str, str] = {
 
 
 def _shard_mapped(per_device, lhs, rhs, mesh, axis_name):
-    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(None, axis_name), P(axis_name, None)),
-                         out_specs=P(axis_name, None))(lhs, rhs)  # fmt: skip
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=(P(None, axis_name), P(axis_name, None)), out_specs=P(axis_name, None)
+    )(lhs, rhs)
 
 
 @conformance.register("matmul_reduce_scatter", name="broken_mrs_allreduce_then_slice")
@@ -110,8 +111,9 @@ def broken_mrs_wrong_custom_vjp_gradient(lhs, rhs, *, mesh, axis_name):
         m = lhs_block.shape[0] // n
         start = lax.axis_index(axis_name) * m
         own_lhs_rows = lax.dynamic_slice_in_dim(lhs_block, start, m)
-        d_lhs = lax.dynamic_update_slice(jnp.zeros_like(lhs_block), dot(ct, rhs_block.T).astype(lhs.dtype),
-                                         (start, 0))  # fmt: skip
+        d_lhs = lax.dynamic_update_slice(
+            jnp.zeros_like(lhs_block), dot(ct, rhs_block.T).astype(lhs.dtype), (start, 0)
+        )
         return d_lhs, dot(own_lhs_rows.T, ct).astype(rhs_block.dtype)
 
     ring = with_ring_vjp(forward, forgets_the_gather)

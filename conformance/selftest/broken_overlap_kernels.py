@@ -54,8 +54,9 @@ def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _allgather_matmul(per_device, lhs, rhs, mesh, axis_name):
-    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)),
-                         out_specs=P(None, axis_name))(lhs, rhs)  # fmt: skip
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)
 
 
 @conformance.register("allgather_matmul", name="broken_agmm_gathers_then_multiplies")
@@ -122,8 +123,9 @@ def broken_agmm_each_transfer_waits_for_its_matmul(lhs, rhs, *, mesh, axis_name)
 
 
 def _matmul_reduce_scatter(per_device, lhs, rhs, mesh, axis_name):
-    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(None, axis_name), P(axis_name, None)),
-                         out_specs=P(axis_name, None))(lhs, rhs)  # fmt: skip
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=(P(None, axis_name), P(axis_name, None)), out_specs=P(axis_name, None)
+    )(lhs, rhs)
 
 
 def _owner(me: jax.Array, step: int | jax.Array, n: int) -> jax.Array:

@@ -57,9 +57,25 @@ def _wait_forever() -> None:
     _NEVER.wait()
 
 
-def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axes, shared_semaphores,
-            floor_halves, final_wait, barrier, barrier_expect, ring_coordinate_only=False,
-            blocks_in_callback=False, final_send_wait=True, farewell_signal=False):  # fmt: skip
+def _kernel(
+    x_ref,
+    o_ref,
+    send_sems,
+    recv_sems,
+    copy_sem,
+    *,
+    axis_name,
+    mesh_axes,
+    shared_semaphores,
+    floor_halves,
+    final_wait,
+    barrier,
+    barrier_expect,
+    ring_coordinate_only=False,
+    blocks_in_callback=False,
+    final_send_wait=True,
+    farewell_signal=False,
+):
     n, me, rows = lax.axis_size(axis_name), lax.axis_index(axis_name), x_ref.shape[0]
     if blocks_in_callback:  # a host callback that never returns: below anything the watchdog can abort
         jax.debug.callback(_wait_forever)
@@ -96,9 +112,12 @@ def _kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *, axis_name, mesh_axe
             k = 0 if shared_semaphores else step  # the seed reuses one semaphore per direction
             window = o_ref.at[slot(step), pl.ds(first, count)]
             last[d] = pltpu.make_async_remote_copy(
-                window, window, send_sems.at[d, k], recv_sems.at[d, k],
+                window,
+                window,
+                send_sems.at[d, k],
+                recv_sems.at[d, k],
                 device_id=peer,
-            )  # fmt: skip
+            )
             last[d].start()
     if final_wait:
         for dma in last:
@@ -153,46 +172,68 @@ def _register(name: str, doc: str, **defect) -> None:
     conformance.register("all_gather", name=name, pallas=True, description=doc)(fn)
 
 
-_register("broken_pallas_seed_shared_semaphores",
-          "the seed kernel: one DMA semaphore per direction for every step, halves of m // 2",
-          shared_semaphores=True, floor_halves=True)  # fmt: skip
-_register("broken_pallas_drops_last_row_of_odd_shards",
-          "halves of m // 2 rows each way: an odd shard's last row is never sent",
-          floor_halves=True)  # fmt: skip
-_register("broken_pallas_skips_final_dma_wait",
-          "returns without waiting for the last step's DMAs",
-          final_wait=False)  # fmt: skip
-_register("broken_pallas_dma_before_barrier_wait",
-          "takes a barrier semaphore (so gets no default barrier) but starts its remote DMAs before "
-          "waiting on it: a neighbour may not be in the kernel yet",
-          barrier="after")  # fmt: skip
+_register(
+    "broken_pallas_seed_shared_semaphores",
+    "the seed kernel: one DMA semaphore per direction for every step, halves of m // 2",
+    shared_semaphores=True,
+    floor_halves=True,
+)
+_register(
+    "broken_pallas_drops_last_row_of_odd_shards",
+    "halves of m // 2 rows each way: an odd shard's last row is never sent",
+    floor_halves=True,
+)
+_register(
+    "broken_pallas_skips_final_dma_wait", "returns without waiting for the last step's DMAs", final_wait=False
+)
+_register(
+    "broken_pallas_dma_before_barrier_wait",
+    "takes a barrier semaphore (so gets no default barrier) but starts its remote DMAs before "
+    "waiting on it: a neighbour may not be in the kernel yet",
+    barrier="after",
+)
 if compat.has_skip_device_barrier():  # JAX 0.7.1 and later
-    _register("broken_pallas_skips_default_barrier",
-              "skip_device_barrier=True and no barrier of its own: remote DMAs with no barrier at all",
-              barrier="none", skip_device_barrier=True)  # fmt: skip
+    _register(
+        "broken_pallas_skips_default_barrier",
+        "skip_device_barrier=True and no barrier of its own: remote DMAs with no barrier at all",
+        barrier="none",
+        skip_device_barrier=True,
+    )
     EXPECTED_REJECTION["broken_pallas_skips_default_barrier"] = "test_barrier_protocol"
-_register("broken_pallas_waits_for_missing_signal",
-          "waits for three barrier signals when only two neighbours send one",
-          barrier_expect=3)  # fmt: skip
-_register("broken_pallas_blocks_beyond_the_watchdog",
-          "a host callback in the kernel body that never returns: the watchdog's abort cannot reach "
-          "it (as JAX 0.10.2's interpreter deadlocked in _allocate_buffer on 8 devices of a 2-core host)",
-          blocks_in_callback=True)  # fmt: skip
-_register("broken_pallas_one_coordinate_device_id",
-          "names its ring neighbour by the ring coordinate alone: right on a 1-D mesh, an error inside "
-          "JAX's interpreter on a 2-D one",
-          ring_coordinate_only=True)  # fmt: skip
-_register("broken_pallas_leaves_barrier_count",
-          "signals its right neighbour's barrier semaphore once more after the ring, and nobody waits "
-          "for it: exact and race-free, but on a chip the next call's barrier passes at once",
-          farewell_signal=True)  # fmt: skip
-_register("broken_pallas_leaves_send_counts",
-          "waits for its last DMAs to arrive but not for them to be sent: exact and race-free here, "
-          "but its send semaphores keep their counts and a chip's kernel may return mid-DMA",
-          final_send_wait=False)  # fmt: skip
-_register("broken_pallas_untiled_halves",
-          "a correct ring that ignores TPU tiling: ceil/floor halves of every shard, no refusal; "
-          "exact under interpret mode, refused by a TPU's compiler")  # fmt: skip
+_register(
+    "broken_pallas_waits_for_missing_signal",
+    "waits for three barrier signals when only two neighbours send one",
+    barrier_expect=3,
+)
+_register(
+    "broken_pallas_blocks_beyond_the_watchdog",
+    "a host callback in the kernel body that never returns: the watchdog's abort cannot reach "
+    "it (as JAX 0.10.2's interpreter deadlocked in _allocate_buffer on 8 devices of a 2-core host)",
+    blocks_in_callback=True,
+)
+_register(
+    "broken_pallas_one_coordinate_device_id",
+    "names its ring neighbour by the ring coordinate alone: right on a 1-D mesh, an error inside "
+    "JAX's interpreter on a 2-D one",
+    ring_coordinate_only=True,
+)
+_register(
+    "broken_pallas_leaves_barrier_count",
+    "signals its right neighbour's barrier semaphore once more after the ring, and nobody waits "
+    "for it: exact and race-free, but on a chip the next call's barrier passes at once",
+    farewell_signal=True,
+)
+_register(
+    "broken_pallas_leaves_send_counts",
+    "waits for its last DMAs to arrive but not for them to be sent: exact and race-free here, "
+    "but its send semaphores keep their counts and a chip's kernel may return mid-DMA",
+    final_send_wait=False,
+)
+_register(
+    "broken_pallas_untiled_halves",
+    "a correct ring that ignores TPU tiling: ceil/floor halves of every shard, no refusal; "
+    "exact under interpret mode, refused by a TPU's compiler",
+)
 
 
 @conformance.register(

@@ -210,9 +210,13 @@ def _nccl_seed_stream(device):
     return stream
 
 
-@conformance.register(FAMILY, name="broken_nccl_seed_stream_cache", platforms=("gpu",),
-                      requires=("cupy", "cupy.cuda.nccl"),
-                      resources=lambda: dict(_NCCL_SEED_MADE))  # fmt: skip
+@conformance.register(
+    FAMILY,
+    name="broken_nccl_seed_stream_cache",
+    platforms=("gpu",),
+    requires=("cupy", "cupy.cuda.nccl"),
+    resources=lambda: dict(_NCCL_SEED_MADE),
+)
 def broken_nccl_seed_stream_cache(x, *, dst):
     """The NCCL implementation with the seed's stream cache: a new CUDA stream per call."""
     validate_destination("broken_nccl_seed_stream_cache", x, dst)
@@ -223,8 +227,9 @@ def _pickled_id(raw: bytes) -> bytes:
     return pickle.loads(pickle.dumps(raw))  # the seed: pickle.dumps to the store, pickle.loads back
 
 
-@conformance.register(FAMILY, name="broken_nccl_seed_pickled_id", platforms=("gpu",),
-                      requires=("cupy", "cupy.cuda.nccl"))  # fmt: skip
+@conformance.register(
+    FAMILY, name="broken_nccl_seed_pickled_id", platforms=("gpu",), requires=("cupy", "cupy.cuda.nccl")
+)
 def broken_nccl_seed_pickled_id(x, *, dst):
     """The NCCL implementation with the seed's id exchange: the unique id goes through pickle."""
     validate_destination("broken_nccl_seed_pickled_id", x, dst)
@@ -251,8 +256,10 @@ def correct_sr_device_put_loop(x, *, dst):
     wanted = {device: block(index) for device, index in dst.addressable_devices_indices_map(x.shape).items()}
     missing = sorted({w for w in wanted.values() if w not in by_index})
     if missing or dst.memory_kind != x.sharding.memory_kind:
-        raise ValueError(f"cannot send {x.sharding} to {dst}: blocks {missing} are no shard of the source, "
-                         f"memory kind {x.sharding.memory_kind} -> {dst.memory_kind}")  # fmt: skip
+        raise ValueError(
+            f"cannot send {x.sharding} to {dst}: blocks {missing} are no shard of the source, "
+            f"memory kind {x.sharding.memory_kind} -> {dst.memory_kind}"
+        )
     arrays = [jax.device_put(by_index[w], device) for device, w in wanted.items()]
     return jax.make_array_from_single_device_arrays(x.shape, dst, arrays)
 
@@ -264,8 +271,10 @@ def correct_sr_via_host(x, *, dst):
     equivalent spellings of the source's placement and other block maps alike). One process."""
     src = x.sharding
     if (dst.mesh.devices.size, dst.shard_shape(x.shape), dst.memory_kind) != (
-        src.mesh.devices.size, src.shard_shape(x.shape), src.memory_kind
-    ):  # fmt: skip
+        src.mesh.devices.size,
+        src.shard_shape(x.shape),
+        src.memory_kind,
+    ):
         raise ValueError(
             f"source {src} and destination {dst} differ in device count, shard shape or memory kind"
         )
@@ -280,8 +289,10 @@ def broken_sr_pairs_by_position(x, *, dst):
     swapped (a real transfer helper did this)."""
     src = x.sharding
     if (dst.mesh.devices.size, dst.shard_shape(x.shape), dst.memory_kind) != (
-        src.mesh.devices.size, src.shard_shape(x.shape), src.memory_kind
-    ):  # fmt: skip
+        src.mesh.devices.size,
+        src.shard_shape(x.shape),
+        src.memory_kind,
+    ):
         raise ValueError(f"broken_sr_pairs_by_position: cannot send {src} to {dst}")
     return _assemble(x, dst, _copies(x, dst))
 
@@ -316,8 +327,14 @@ class KeyValueTransfer:
     times out does not use up its number (the sender never reached it), so the next call of both
     sides meets under the same keys. The knobs break that, one way each."""
 
-    def __init__(self, name: str, *, honours_timeout: bool = True, error: type[Exception] = TimeoutError,
-                 counts_timed_out_calls: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        *,
+        honours_timeout: bool = True,
+        error: type[Exception] = TimeoutError,
+        counts_timed_out_calls: bool = False,
+    ) -> None:
         self.name, self.honours_timeout, self.error = name, honours_timeout, error
         self.counts_timed_out_calls = counts_timed_out_calls
         self.calls = 0
@@ -348,8 +365,10 @@ class KeyValueTransfer:
                     self.calls += 1
                 if timeout is None or self.error is not TimeoutError:
                     raise self.error(f"DEADLINE_EXCEEDED: {key.format(pair=k)} not set within {wait_s:g} s")
-                raise TimeoutError(f"{self.name}: process {s.process_index} (device {s.id}) sent nothing "
-                                   f"within {timeout:g} s")  # fmt: skip
+                raise TimeoutError(
+                    f"{self.name}: process {s.process_index} (device {s.id}) sent nothing "
+                    f"within {timeout:g} s"
+                )
             client.key_value_delete(key.format(pair=k))
             host = np.frombuffer(raw, dtype=x.dtype).reshape(shard_shape)
             copies[d] = jax.device_put(host, d)

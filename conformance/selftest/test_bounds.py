@@ -18,7 +18,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from conformance import checks, runner
+from conformance import blame, runner
+from conformance.session import Settings
 
 pytestmark = pytest.mark.selftest
 
@@ -47,11 +48,11 @@ def test_stuck_threads_are_placed_in_the_kernel_or_in_jax() -> None:
         [_frame(jax_file, 10, "_callback"), _frame(kernel_file, 7, "wait_forever")]
     )
     idle = traceback.StackSummary.from_list([_frame(runner.__file__, 1, "timer")])  # the suite's own
-    assert checks.stuck_locations([in_jax, in_jax, idle]) == (
+    assert blame.stuck_locations([in_jax, in_jax, idle]) == (
         False,
         ["inside JAX     : jax/_src/pallas/interpret.py:383 in _allocate_buffer  (2 threads)"],
     )
-    found, places = checks.stuck_locations([in_jax, in_kernel])
+    found, places = blame.stuck_locations([in_jax, in_kernel])
     assert found and places[1] == "kernel's code  : my_kernels/ring.py:7 in wait_forever  (1 thread)", places
 
 
@@ -64,7 +65,7 @@ def _dumped_here() -> str:
 
 def test_a_faulthandler_dump_is_read_back_into_stacks() -> None:
     """How a stopped worker says where it was: its threads' stacks, read from faulthandler's text."""
-    stacks = checks.stacks_from_dump(_dumped_here())
+    stacks = blame.stacks_from_dump(_dumped_here())
     assert stacks and all(stacks), stacks
     innermost = [s[-1].name for s in stacks]
     assert "_dumped_here" in innermost, innermost  # this thread's innermost frame, outermost first
@@ -76,16 +77,17 @@ def test_a_faulthandler_dump_is_read_back_into_stacks() -> None:
 def test_a_stack_dump_in_an_unknown_form_raises_naming_the_line() -> None:
     text = 'Thread 0x00007f01 (most recent call first):\n  File "a.py", line 3 in f\n  frame: a.py:4 g\n'
     with pytest.raises(ValueError, match=re.escape("frame: a.py:4 g")):
-        checks.stacks_from_dump(text)
+        blame.stacks_from_dump(text)
 
 
 def test_a_deadlock_inside_jax_is_a_bounded_skip_never_a_failure() -> None:
     """128 KiB per device on 8 devices: JAX 0.6.2 and 0.10.2 deadlock in ``_allocate_buffer`` on a
     2-core host (newer JAX and bigger hosts run it). Either way: an answer, in bounded time."""
-    bound = HANG_S + runner.ABORT_GRACE_S + OVERHEAD_S
+    bound = HANG_S + Settings().abort_grace_s + OVERHEAD_S
     case = "8-x-explicit:rows_per_shard=256,cols=128:float32:seed=0:dma=on_wait"
-    proc, took = _replay("values", "all_gather", "pallas_ring_all_gather_unidirectional", case,
-                         timeout=bound * 3)  # fmt: skip
+    proc, took = _replay(
+        "values", "all_gather", "pallas_ring_all_gather_unidirectional", case, timeout=bound * 3
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     if "SKIPPED values" in proc.stdout:
         assert "deadlocked inside JAX" in proc.stdout and "in no frame of the kernel's code" in proc.stdout
@@ -95,11 +97,18 @@ def test_a_deadlock_inside_jax_is_a_bounded_skip_never_a_failure() -> None:
 
 
 def test_without_isolation_an_unstoppable_hang_still_ends_the_process_with_a_verdict() -> None:
-    bound = HANG_S + runner.ABORT_GRACE_S + OVERHEAD_S
-    proc, took = _replay("output_sharding", "all_gather", "broken_pallas_blocks_beyond_the_watchdog",
-                         "2-x-explicit:rows_per_shard=3,cols=128:float32:seed=0:dma=on_wait",
-                         "--kernels", "conformance.selftest.broken_pallas_kernels", "--isolation", "off",
-                         timeout=bound * 3)  # fmt: skip
+    bound = HANG_S + Settings().abort_grace_s + OVERHEAD_S
+    proc, took = _replay(
+        "output_sharding",
+        "all_gather",
+        "broken_pallas_blocks_beyond_the_watchdog",
+        "2-x-explicit:rows_per_shard=3,cols=128:float32:seed=0:dma=on_wait",
+        "--kernels",
+        "conformance.selftest.broken_pallas_kernels",
+        "--isolation",
+        "off",
+        timeout=bound * 3,
+    )
     assert proc.returncode == 70, proc.stdout + proc.stderr
     assert "broken_pallas_blocks_beyond_the_watchdog (all_gather, 2-x-explicit:" in proc.stderr, proc.stderr
     assert "broken_pallas_kernels.py" in proc.stderr, proc.stderr  # where it hangs
@@ -109,11 +118,16 @@ def test_without_isolation_an_unstoppable_hang_still_ends_the_process_with_a_ver
 def test_a_check_that_never_reaches_the_kernel_ends_at_the_check_timeout() -> None:
     """Blocked while tracing (no kernel runs, so no watchdog): the parent stops the worker."""
     check_timeout = 5
-    proc, took = _replay("output_sharding", "all_gather", "broken_pallas_blocks_while_tracing",
-                         "2-x-explicit:rows_per_shard=3,cols=128:float32:seed=0:dma=on_wait",
-                         "--kernels", "conformance.selftest.broken_pallas_kernels",
-                         f"--check-timeout={check_timeout}",
-                         timeout=(check_timeout + OVERHEAD_S) * 3)  # fmt: skip
+    proc, took = _replay(
+        "output_sharding",
+        "all_gather",
+        "broken_pallas_blocks_while_tracing",
+        "2-x-explicit:rows_per_shard=3,cols=128:float32:seed=0:dma=on_wait",
+        "--kernels",
+        "conformance.selftest.broken_pallas_kernels",
+        f"--check-timeout={check_timeout}",
+        timeout=(check_timeout + OVERHEAD_S) * 3,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"gave no verdict within --check-timeout={check_timeout}s" in proc.stdout, proc.stdout
     # where it blocked comes first, however deep JAX's stack below it is (JAX 0.6.2's is deeper)

@@ -28,14 +28,30 @@ EXAMPLE = REPO / "examples" / "downstream"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: The flags this machine's closed network needs (no background connections).
 CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-)  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 def _copy_tree(src: Path, dst: Path) -> Path:
-    ignore = shutil.ignore_patterns(".tox", ".git", "__pycache__", "*.egg-info", "build", ".hypothesis",
-                                    ".pytest_cache", ".benchmarks", "examples", ".scratch")  # fmt: skip
+    ignore = shutil.ignore_patterns(
+        ".tox",
+        ".git",
+        "__pycache__",
+        "*.egg-info",
+        "build",
+        ".hypothesis",
+        ".pytest_cache",
+        ".benchmarks",
+        "examples",
+        ".scratch",
+    )
     shutil.copytree(src, dst, ignore=ignore)
     return dst
 
@@ -49,8 +65,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     env_dir = root / "env"
     venv.create(env_dir, with_pip=False, symlinks=True)
     python = env_dir / "bin" / "python"
-    own_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    own_site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     parent = sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
     Path(own_site, "zz_parent_environment.pth").write_text("\n".join(parent) + "\n")
     suite_src = _copy_tree(REPO, root / "suite-src")
@@ -63,8 +83,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _run(installed: dict[str, Path], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH", "JAX_NUM_CPU_DEVICES")}
-    return subprocess.run([installed["python"], *args], cwd=installed["project"], capture_output=True,
-                          text=True, timeout=timeout, env=env)  # fmt: skip
+    return subprocess.run(
+        [installed["python"], *args],
+        cwd=installed["project"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def test_install_claims_no_generic_import_names(installed: dict[str, Path]) -> None:
@@ -102,8 +128,14 @@ def test_a_family_of_ones_own_and_reuse_of_fixture_and_checks(installed: dict[st
 def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     out = installed["root"] / "results"
     out.mkdir()
-    command = (Path(EXAMPLE, "ci.sh").read_text().split("pytest --pyargs conformance", 1)[1]
-               .split("-p no:cacheprovider")[0].replace("\\\n", " ").split())  # fmt: skip
+    command = (
+        Path(EXAMPLE, "ci.sh")
+        .read_text()
+        .split("pytest --pyargs conformance", 1)[1]
+        .split("-p no:cacheprovider")[0]
+        .replace("\\\n", " ")
+        .split()
+    )
     assert command[:2] == ["-m", "cpu"], command
     args = [a.replace('"$out', str(out)).replace('"', "").replace("'", "") for a in command]
     done = _run(installed, "-m", "pytest", "--pyargs", "conformance", *args, "-p", "no:cacheprovider", "-q")
@@ -154,18 +186,34 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     html_path = out / "conformance.html"
     assert html_path.stat().st_size > 2000
     if CHROMIUM is None:
-        pytest.fail("chromium is not installed: the HTML report is checked in a real browser "
-                    "(apt-get install chromium; .ci/run does)")  # fmt: skip
+        pytest.fail(
+            "chromium is not installed: the HTML report is checked in a real browser "
+            "(apt-get install chromium; .ci/run does)"
+        )
     profile = installed["root"] / "chromium-profile"
-    dom = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom",
-                          html_path.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
+    dom = subprocess.run(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", html_path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = dom.stdout
     assert 'id="matrix-table"' in page and "downstream_tiled_allgather_matmul" in page, page[:2000]
     assert page.index('id="matrix"') < page.index('id="failures"') < page.index('id="tables"'), "order"
     assert 'class="xfail"' in page, "the overlap cell (known failures only) is shown as xfail"
     shot = installed["root"] / "report.png"
-    done = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,1000",
-                           f"--screenshot={shot}", html_path.as_uri()], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            CHROMIUM,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            "--window-size=1400,1000",
+            f"--screenshot={shot}",
+            html_path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]

@@ -41,10 +41,24 @@ def _launch(
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "conformance", "launch", *args, "--log-dir", str(tmp_path / "logs"), "--",
-         sys.executable, str(tmp_path / "job.py")],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "conformance",
+            "launch",
+            *args,
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--",
+            sys.executable,
+            str(tmp_path / "job.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=tmp_path,
+    )
     return done, time.monotonic() - start
 
 
@@ -105,10 +119,25 @@ def test_a_stopped_launcher_leaves_no_rank_behind(tmp_path: Path, how: str) -> N
     (tmp_path / "job.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "launch", "--processes", "2",
-         "--log-dir", str(tmp_path / "logs"), "--", sys.executable, str(tmp_path / "job.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "conformance",
+            "launch",
+            "--processes",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--",
+            sys.executable,
+            str(tmp_path / "job.py"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     deadline = time.monotonic() + 60
     while len(_left_behind(tmp_path)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -23,10 +23,33 @@ def _launch(
 ) -> tuple[subprocess.CompletedProcess, float]:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     logs = str(tmp_path / "logs")
-    command = [sys.executable, "-m", "conformance", "launch", "--processes", "2",
-               "--devices-per-process", "4", "--timeout", str(timeout), "--log-dir", logs, "--",
-               sys.executable, "-m", "pytest", "--pyargs", "conformance", "-m", "cpu", f"--kernels={KERNELS}",
-               "-p", "no:cacheprovider", "-q", *pytest_args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "conformance",
+        "launch",
+        "--processes",
+        "2",
+        "--devices-per-process",
+        "4",
+        "--timeout",
+        str(timeout),
+        "--log-dir",
+        logs,
+        "--",
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "conformance",
+        "-m",
+        "cpu",
+        f"--kernels={KERNELS}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        *pytest_args,
+    ]
     start = time.monotonic()
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=timeout + 60, env=env, cwd=tmp_path
@@ -95,8 +118,13 @@ def test_a_kernel_reading_other_ranks_data_fails_naming_the_call(tmp_path: Path)
 def test_a_kernel_reading_its_global_input_when_called_eagerly_fails_the_eager_check(tmp_path: Path) -> None:
     """Called outside jit, the kernel logs a checksum of its input (``np.asarray``): right in one
     process and under jit in a job, an error outside jit in a job; the built-in ring passes."""
-    done, _ = _launch(tmp_path, "--impl=broken_mp_logs_checksum_eagerly,ring_allgather_matmul_bidirectional",
-                      "-k", "test_eager or (test_values and 2-x-auto)", timeout=300)  # fmt: skip
+    done, _ = _launch(
+        tmp_path,
+        "--impl=broken_mp_logs_checksum_eagerly,ring_allgather_matmul_bidirectional",
+        "-k",
+        "test_eager or (test_values and 2-x-auto)",
+        timeout=300,
+    )
     out = done.stdout
     assert done.returncode == 1, out[-5000:]
     failed = {line.split("::", 1)[1] for line in out.splitlines() if line.startswith("FAILED ")}
@@ -116,8 +144,12 @@ def test_a_rank_that_leaves_a_test_early_fails_it_on_every_rank_at_once(tmp_path
     """Rank 1 does not claim the case (a ``supports`` that reads the process index): it posts the
     test's outcome, never a verdict of the check, which rank 0 (whose transfer passed) waits for:
     rank 0 must see that outcome and stop, and the test fails on both ranks."""
-    done, took = _launch(tmp_path, "--impl=broken_mp_claims_per_rank", "-k",
-                         "test_send_recv and test_values and float32 and vector-4-permuted")  # fmt: skip
+    done, took = _launch(
+        tmp_path,
+        "--impl=broken_mp_claims_per_rank",
+        "-k",
+        "test_send_recv and test_values and float32 and vector-4-permuted",
+    )
     assert done.returncode == 1, done.stdout[-5000:]
     assert "rank 1 stopped before this step of the test" in done.stdout, done.stdout[-5000:]
     assert "not on this process" in done.stdout
@@ -135,9 +167,14 @@ def test_send_recv_across_processes(tmp_path: Path) -> None:
     publishes a pickle in the job's key-value store are rejected on every rank."""
     broken = "conformance.selftest.broken_send_recv_kernels"
     impls = "xla_device_put,broken_sr_pairs_reversed,broken_sr_publishes_pickle"
-    done, _ = _launch(tmp_path, f"--kernels={broken}", f"--impl={impls}", "-k",
-                      "test_send_recv and (test_no_pickle or (test_values and float32 and disjoint))",
-                      timeout=300)  # fmt: skip
+    done, _ = _launch(
+        tmp_path,
+        f"--kernels={broken}",
+        f"--impl={impls}",
+        "-k",
+        "test_send_recv and (test_no_pickle or (test_values and float32 and disjoint))",
+        timeout=300,
+    )
     out = done.stdout
     assert done.returncode == 1, out[-5000:]
     failed = {line.split("::", 1)[1] for line in out.splitlines() if line.startswith("FAILED ")}
@@ -167,8 +204,15 @@ def test_timeout_is_checked_where_one_side_stays_away(tmp_path: Path) -> None:
     from conformance.selftest import broken_send_recv_kernels as kernels
 
     impls = ",".join([kernels.TIMEOUT_CORRECT, *kernels.EXPECTED_REJECTION_TIMEOUT])
-    done, took = _launch(tmp_path, f"--kernels={kernels.__name__}", f"--impl={impls}", "-k", "test_timeout",
-                         "--hang-timeout=20", timeout=300)  # fmt: skip
+    done, took = _launch(
+        tmp_path,
+        f"--kernels={kernels.__name__}",
+        f"--impl={impls}",
+        "-k",
+        "test_timeout",
+        "--hang-timeout=20",
+        timeout=300,
+    )
     out = done.stdout
     assert done.returncode == 1, out[-5000:]
     failed = {line.split("::", 1)[1] for line in out.splitlines() if line.startswith("FAILED ")}

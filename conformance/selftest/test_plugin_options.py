@@ -44,10 +44,24 @@ def _pytest(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.Co
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     env["PYTHONPATH"] = str(tmp_path)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "conformance", "--kernels=opt_kernels",
-         "-p", "no:cacheprovider", "-q", *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "conformance",
+            "--kernels=opt_kernels",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            *args,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 @pytest.fixture
@@ -73,24 +87,29 @@ def test_register_rejects_declarations_it_cannot_honour(scratch_registry) -> Non
 
 def test_shapes_move_to_the_nearest_claimed_ones(scratch_registry) -> None:
     fn = lambda x, *, mesh, axis_name: x
-    registry.register("all_gather", name="claims_rows_of_8",
-                      supports=registry.multiples_of(rows_per_shard=8))(fn)  # fmt: skip
+    registry.register(
+        "all_gather", name="claims_rows_of_8", supports=registry.multiples_of(rows_per_shard=8)
+    )(fn)
     one_axis = lambda *, dims, dtype, axis_size, mesh_shape: None if len(mesh_shape) == 1 else "1-D only"
     registry.register("all_gather", name="claims_one_axis", supports=one_axis)(fn)
     mesh, mesh2 = parse_mesh("4-x-auto"), parse_mesh("2x4-y-auto")
     at = dict(platform="cpu", dtype="float32")
-    assert claims.adapt("all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 128},
-                        **at) == {"rows_per_shard": 8, "cols": 128}  # fmt: skip
-    assert claims.adapt("all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 16, "cols": 1},
-                        **at) == {"rows_per_shard": 16, "cols": 1}  # fmt: skip
-    assert claims.adapt("all_gather", "xla_all_gather", mesh=mesh, dims={"rows_per_shard": 3, "cols": 1},
-                        **at) == {"rows_per_shard": 3, "cols": 1}  # fmt: skip
+    assert claims.adapt(
+        "all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 128}, **at
+    ) == {"rows_per_shard": 8, "cols": 128}
+    assert claims.adapt(
+        "all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 16, "cols": 1}, **at
+    ) == {"rows_per_shard": 16, "cols": 1}
+    assert claims.adapt(
+        "all_gather", "xla_all_gather", mesh=mesh, dims={"rows_per_shard": 3, "cols": 1}, **at
+    ) == {"rows_per_shard": 3, "cols": 1}
     # the even fixed shape (4 rows) avoids the dims the odd one (3 rows) moved to: both run
     odd = claims.adapt(
         "all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 128}, **at
     )
-    even = claims.adapt("all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 4, "cols": 128},
-                        avoid=odd, **at)  # fmt: skip
+    even = claims.adapt(
+        "all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 4, "cols": 128}, avoid=odd, **at
+    )
     assert even == {"rows_per_shard": 16, "cols": 128}, even
     with pytest.raises(claims.NotClaimed, match="1-D only"):
         claims.adapt("all_gather", "claims_one_axis", mesh=mesh2, dims={"rows_per_shard": 3, "cols": 1}, **at)
@@ -105,10 +124,14 @@ def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) 
         "# a comment line\n"
         "all_gather/opt_gather/determinism/2-x-auto/cpu/odd   # passes: a strict xfail fails the run\n"
         "all_gather/opt_gather/no_such_check/*\n"
-    )  # fmt: skip
+    )
     (tmp_path / "skips.txt").write_text("all_gather/opt_gather/determinism/4-x-auto/*\n")
-    files = ("--xfails-file=xfails.txt", "--skips-file=skips.txt", "--conformance-json=out.json",
-             "--junitxml=junit.xml")  # fmt: skip
+    files = (
+        "--xfails-file=xfails.txt",
+        "--skips-file=skips.txt",
+        "--conformance-json=out.json",
+        "--junitxml=junit.xml",
+    )
     done = _pytest(
         tmp_path,
         "-m",
@@ -197,10 +220,22 @@ def test_a_backend_started_during_collection_is_named_with_the_rule(tmp_path: Pa
 def test_replay_of_an_unregistered_implementation_is_not_a_kernel_failure(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     done = subprocess.run(
-        [sys.executable, "-m", "conformance", "replay", "values", "all_gather", "no_such_kernel",
-         "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "conformance",
+            "replay",
+            "values",
+            "all_gather",
+            "no_such_kernel",
+            "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "cannot replay: no implementation 'no_such_kernel' of 'all_gather' is registered" in done.stderr
     assert "--kernels" in done.stderr and "FAILED" not in done.stdout
@@ -225,8 +260,9 @@ if __name__ == "__main__":
 def test_absltest_entry_passes_a_correct_kernel_and_fails_a_broken_one(tmp_path: Path) -> None:
     (tmp_path / "ring_test.py").write_text(ABSLTEST)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    done = subprocess.run([sys.executable, "ring_test.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "ring_test.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
     assert done.returncode == 1, done.stdout + done.stderr[-4000:]
     assert "Ran 8 tests" in done.stderr and "FAILED (failures=2)" in done.stderr, done.stderr[-4000:]
     failed = [line for line in done.stderr.splitlines() if line.startswith("FAIL: ")]

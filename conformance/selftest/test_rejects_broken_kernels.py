@@ -38,8 +38,17 @@ BROKEN = (broken_kernels, broken_pallas_kernels, broken_matmul_reduce_scatter_ke
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
 EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
-STANDARD_TESTS = {"test_values", "test_output_sharding", "test_dtype", "test_determinism", "test_collectives",
-                  "test_cross_lowering", "test_bad_inputs", "test_lowered_bytes", "test_eager"}  # fmt: skip
+STANDARD_TESTS = {
+    "test_values",
+    "test_output_sharding",
+    "test_dtype",
+    "test_determinism",
+    "test_collectives",
+    "test_cross_lowering",
+    "test_bad_inputs",
+    "test_lowered_bytes",
+    "test_eager",
+}
 PALLAS = {"test_races", "test_barrier_protocol", "test_tpu_layout", "test_tpu_native_values"}
 AUTODIFF = {"test_gradients", "test_backward_collectives"}
 ACCURACY = {"test_accuracy", "test_backward_accuracy"}
@@ -103,18 +112,48 @@ def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]]
         f" or ({impl} and ({' or '.join(sorted(tests))}) and ({BUILTIN_SUBSET}))"
         for impl, tests in broken_overlap_kernels.EXPECTED_PASS.items()
     )
-    cmd = [sys.executable, "-m", "pytest", "conformance", "-m", "cpu", "-q", "-p", "no:cacheprovider",
-           "-k", (f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {targeted}" if SCOPE == "full"
-                  else f"({targeted}) and ({BUILTIN_SUBSET})"),
-           f"--kernels={KERNEL_MODULES}", f"--hang-timeout={HANG_TIMEOUT_S}",
-           f"--junitxml={report}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "conformance",
+        "-m",
+        "cpu",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        (
+            f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {targeted}"
+            if SCOPE == "full"
+            else f"({targeted}) and ({BUILTIN_SUBSET})"
+        ),
+        f"--kernels={KERNEL_MODULES}",
+        f"--hang-timeout={HANG_TIMEOUT_S}",
+        f"--junitxml={report}",
+    ]
     if LAUNCH:  # the same run as one job of P processes x K devices; each rank its own JUnit file
         processes, devices = LAUNCH.split("x")
         junit = f"--junitxml={shlex.quote(str(report))}.rank-$CONFORMANCE_PROCESS_ID"
         script = f"exec {shlex.join(cmd[:-1])} {junit}"
-        cmd = [sys.executable, "-m", "conformance", "launch", "--processes", processes,
-               "--devices-per-process", devices, "--timeout", "3000", "--log-dir", f"{tmp_dir}/logs",
-               "--", "sh", "-c", script]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "conformance",
+            "launch",
+            "--processes",
+            processes,
+            "--devices-per-process",
+            devices,
+            "--timeout",
+            "3000",
+            "--log-dir",
+            f"{tmp_dir}/logs",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]
         report = Path(f"{report}.rank-0")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 1, (
@@ -202,8 +241,14 @@ def test_broken_kernel_rejected_by_its_check(verdicts, impl: str) -> None:
     assert failures, f"{impl} should fail {check}, but its outcomes were {[o for o, _ in outcomes]}"
     message = failures[0]
     check_name = check.removeprefix("test_")
-    for needed in (f"[{check_name}]", impl, "mesh(", "dtype", "shapes",
-                   "replay         : python -m conformance replay"):  # fmt: skip
+    for needed in (
+        f"[{check_name}]",
+        impl,
+        "mesh(",
+        "dtype",
+        "shapes",
+        "replay         : python -m conformance replay",
+    ):
         assert needed in message, f"{impl}'s {check} failure message lacks {needed!r}:\n{message}"
     if impl in EXPECTED_MESSAGE:
         assert EXPECTED_MESSAGE[impl] in message, f"{impl}: expected {EXPECTED_MESSAGE[impl]!r}:\n{message}"
@@ -245,8 +290,11 @@ def test_a_hang_beyond_the_watchdog_ends_with_a_verdict_and_the_kernel_is_not_ru
 
 def test_each_collective_in_a_failure_shows_its_own_attributes(verdicts) -> None:
     """The module lowered for TPU once printed an all-reduce with a later collective-permute's pairs."""
-    messages = [m for o, m in verdicts["broken_backward_allreduce_then_slice"]["test_backward_collectives"]
-                if o == "failed"]  # fmt: skip
+    messages = [
+        m
+        for o, m in verdicts["broken_backward_allreduce_then_slice"]["test_backward_collectives"]
+        if o == "failed"
+    ]
     assert messages
     for message in messages:
         lines = [line for line in message.splitlines() if "lowered for tpu: all-reduce(" in line]
@@ -258,8 +306,7 @@ def test_replay_command_reproduces_a_failure(verdicts) -> None:
     message = next(m for o, m in verdicts["broken_ring_wrong_slot"]["test_values"] if o == "failed")
     command = re.search(r"replay\s+: (python -m conformance replay .*)", message)[1]
     argv = shlex.split(command)
-    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED values" in proc.stdout and "first wrong index" in proc.stdout, proc.stdout
 
@@ -270,8 +317,7 @@ def test_replay_of_an_overlap_failure_reproduces_it(verdicts) -> None:
         m for o, m in verdicts["broken_agmm_gathers_then_multiplies"]["test_overlap"] if o == "failed"
     )
     argv = shlex.split(re.search(r"replay\s+: (python -m conformance replay .*)", message)[1])
-    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED overlap" in proc.stdout and "hideable" in proc.stdout, proc.stdout[-3000:]
 

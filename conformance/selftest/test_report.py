@@ -17,8 +17,9 @@ WRONG = "values differ from the numpy float64 reference"
 
 
 def _case(mesh: str, rows: int, dma: str | None = "on_wait") -> Case:
-    return Case.make(FAMILY, IMPL, parse_mesh(mesh), {"rows_per_shard": rows, "cols": 128}, "float32",
-                     dma_mode=dma)  # fmt: skip
+    return Case.make(
+        FAMILY, IMPL, parse_mesh(mesh), {"rows_per_shard": rows, "cols": 128}, "float32", dma_mode=dma
+    )
 
 
 def _fixed(check: str, shape: str, failed: bool, mesh: str = "8-x-explicit") -> report.Verdict:
@@ -28,9 +29,12 @@ def _fixed(check: str, shape: str, failed: bool, mesh: str = "8-x-explicit") -> 
 
 
 def test_one_defect_in_many_checks_is_one_cause_at_its_smallest_case() -> None:
-    verdicts = [_fixed(check, shape, shape == "odd", config.label)
-                for config in MESH_CONFIGS for check in ("output_sharding", "races")
-                for shape in ("odd", "even")]  # fmt: skip
+    verdicts = [
+        _fixed(check, shape, shape == "odd", config.label)
+        for config in MESH_CONFIGS
+        for check in ("output_sharding", "races")
+        for shape in ("odd", "even")
+    ]
     hypothesis_minimal = _case("2-x-auto", 1, "eager")
     verdicts.append(report.Verdict(FAMILY, IMPL, "values", "failed", None, hypothesis_minimal, WRONG))
     lines = report.summarize(verdicts)

@@ -36,10 +36,23 @@ def verdicts(tmp_dir: str) -> dict[str, dict[str, list[tuple[str, str]]]]:
         f"({impl} and {test}{NARROW.get(test, '')})" for impl, test in kernels.EXPECTED_REJECTION.items()
     )
     targeted += " or correct_sr_ or broken_nccl_"
-    command = [sys.executable, "-m", "pytest", "--pyargs", "conformance.test_send_recv", "-m", "cpu",
-               f"--kernels={MODULE}", "-k", targeted, "-p", "no:cacheprovider", "-q",
-               f"--hang-timeout={HANG_TIMEOUT_S}",
-               f"--junitxml={report}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "conformance.test_send_recv",
+        "-m",
+        "cpu",
+        f"--kernels={MODULE}",
+        "-k",
+        targeted,
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--hang-timeout={HANG_TIMEOUT_S}",
+        f"--junitxml={report}",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_dir)
     assert report.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     out: dict[str, dict[str, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))
@@ -78,8 +91,16 @@ def test_each_broken_kernel_is_rejected_by_its_check(run, impl: str) -> None:
 @pytest.mark.parametrize("impl", kernels.CORRECT)
 def test_correct_kernels_in_other_styles_pass_every_check(run, impl: str) -> None:
     tests = run[impl]
-    every = {"test_values", "test_values_drawn", "test_sharding", "test_source_intact",
-             "test_bad_destination", "test_block_map", "test_resources", "test_no_pickle"}  # fmt: skip
+    every = {
+        "test_values",
+        "test_values_drawn",
+        "test_sharding",
+        "test_source_intact",
+        "test_bad_destination",
+        "test_block_map",
+        "test_resources",
+        "test_no_pickle",
+    }
     assert set(tests) >= every, sorted(tests)
     bad = [(t, o, m[:300]) for t, results in tests.items() for o, m in results if o in ("failed", "error")]
     assert not bad, bad

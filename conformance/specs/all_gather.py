@@ -60,6 +60,8 @@ ALL_GATHER = FamilySpec(
     out_shape=_x_shape,
     dims=("rows_per_shard", "cols"),
     canonical_dims={"rows_per_shard": 3, "cols": 128},
+    #: Rows: 1, odd and even; trailing width: lane-dense (128, 256) as TPU layouts prefer, and narrow ones.
+    dim_values={"rows_per_shard": (1, 2, 3, 5, 8), "cols": (1, 8, 128, 256)},
     # 96 rows: whole tiles for every dtype, and an uneven split of three int8 tiles.
     tpu_native_dims={"rows_per_shard": 96, "cols": 128},
     dtypes=("float32", "bfloat16", "int32", "int8"),

@@ -49,6 +49,10 @@ class BadInput:
 #: The fixed-shape checks' two shapes: the canonical one (an odd dim) and its even twin.
 FIXED_SHAPES = ("odd", "even")
 
+#: The values hypothesis draws a dim from when its spec lists none for it: small sizes, 1 and odd
+#: ones included (each distinct shape is a compile, so a short list lets examples share them).
+DEFAULT_DIM_VALUES = (1, 2, 3, 5, 8)
+
 
 @dataclasses.dataclass(frozen=True)
 class FamilySpec:
@@ -113,10 +117,22 @@ class FamilySpec:
     #: constraint) but must accept these; ``pytest -m tpu`` runs Pallas kernels here.
     tpu_native_dims: Mapping[str, int] | None = None
 
+    #: The values hypothesis draws each dim from, and that the TPU layout audit moves each dim of
+    #: the TPU-native dims to; a dim not listed draws from :data:`DEFAULT_DIM_VALUES`.
+    dim_values: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
     def __post_init__(self) -> None:
         if not any(v % 2 for v in self.canonical_dims.values()):
-            raise ValueError(f"{self.name}: canonical_dims {dict(self.canonical_dims)} has no odd dim, "
-                             "so the fixed-shape checks' even shape would be the same case")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: canonical_dims {dict(self.canonical_dims)} has no odd dim, "
+                "so the fixed-shape checks' even shape would be the same case"
+            )
+
+    def values_of(self, dim: str) -> tuple[int, ...]:
+        """The values hypothesis draws ``dim`` from."""
+        if dim not in self.dims:
+            raise KeyError(f"{self.name} has no dim {dim!r}; its dims are {self.dims}")
+        return tuple(self.dim_values.get(dim, DEFAULT_DIM_VALUES))
 
     def expected(self, inputs64: tuple[np.ndarray, ...], *, axis_size: int) -> np.ndarray:
         """The reference result: ``reference(*inputs64)``, plus ``axis_size=`` where it takes one."""

@@ -84,6 +84,9 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     out_shape=_out_shape,
     dims=("rows_per_shard", "k_per_shard", "cols"),
     canonical_dims={"rows_per_shard": 3, "k_per_shard": 2, "cols": 8},
+    #: The contraction per shard keeps K = k_per_shard * n <= 32 on 8 devices (so gamma_{K+1} for
+    #: bfloat16 stays well below 1); trailing width: lane-dense and narrow ones.
+    dim_values={"rows_per_shard": (1, 2, 3, 5, 8), "k_per_shard": (1, 2, 4), "cols": (1, 8, 128, 256)},
     dtypes=("float32", "bfloat16", "float16", "int32"),
     reference=lambda lhs, rhs: lhs @ rhs,
     tolerance=tolerances.matmul_tolerance,

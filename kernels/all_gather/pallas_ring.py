@@ -292,8 +292,14 @@ def _own_rows_of_cotangent(ct: jax.Array, *, mesh: jax.sharding.Mesh, axis_name:
 def pallas_ring_all_gather_bidirectional(
     x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
 ) -> jax.Array:
-    return _all_gather(x, mesh=mesh, axis_name=axis_name, interpret=interpret, bidirectional=True,
-                       name="pallas_ring_all_gather_bidirectional")  # fmt: skip
+    return _all_gather(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=True,
+        name="pallas_ring_all_gather_bidirectional",
+    )
 
 
 @conformance.register(
@@ -306,5 +312,11 @@ def pallas_ring_all_gather_bidirectional(
 def pallas_ring_all_gather_unidirectional(
     x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
 ) -> jax.Array:
-    return _all_gather(x, mesh=mesh, axis_name=axis_name, interpret=interpret, bidirectional=False,
-                       name="pallas_ring_all_gather_unidirectional")  # fmt: skip
+    return _all_gather(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=False,
+        name="pallas_ring_all_gather_unidirectional",
+    )

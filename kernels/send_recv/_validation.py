@@ -39,9 +39,11 @@ def validate_destination(name: str, x: jax.Array, dst: NamedSharding) -> NamedSh
     else:
         for i, (a, b) in enumerate(zip(_blocks(src, x.shape), _blocks(dst, x.shape), strict=True)):
             if a != b:
-                problems.append(f"the block on device {i} of the mesh, {_text(a)} -> {_text(b)} "
-                                f"(spec {src.spec} over {dict(src.mesh.shape)} -> {dst.spec} over "
-                                f"{dict(dst.mesh.shape)})")  # fmt: skip
+                problems.append(
+                    f"the block on device {i} of the mesh, {_text(a)} -> {_text(b)} "
+                    f"(spec {src.spec} over {dict(src.mesh.shape)} -> {dst.spec} over "
+                    f"{dict(dst.mesh.shape)})"
+                )
                 break
     if src.memory_kind != dst.memory_kind:
         problems.append(f"memory kind {src.memory_kind} -> {dst.memory_kind}")

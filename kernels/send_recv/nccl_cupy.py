@@ -241,13 +241,19 @@ def _transfer(x, dst, stream_for, id_transport, comms):
                 if s.process_index == me:
                     stream = used.setdefault(s.id, stream_for(s))
                     with cupy.cuda.Device(s.local_hardware_id):
-                        comms[(key, s.id)].send(src_shards[s.id].unsafe_buffer_pointer(), count, nccl_type,
-                                                 ranks[d.id], stream.ptr)  # fmt: skip
+                        comms[(key, s.id)].send(
+                            src_shards[s.id].unsafe_buffer_pointer(),
+                            count,
+                            nccl_type,
+                            ranks[d.id],
+                            stream.ptr,
+                        )
                 if d.process_index == me:
                     stream = used.setdefault(d.id, stream_for(d))
                     with cupy.cuda.Device(d.local_hardware_id):
-                        comms[(key, d.id)].recv(outputs[d.id].unsafe_buffer_pointer(), count, nccl_type,
-                                                 ranks[s.id], stream.ptr)  # fmt: skip
+                        comms[(key, d.id)].recv(
+                            outputs[d.id].unsafe_buffer_pointer(), count, nccl_type, ranks[s.id], stream.ptr
+                        )
         finally:
             nccl.groupEnd()
         for stream in used.values():

@@ -124,8 +124,10 @@ def jax_transfer_server(x: jax.Array, *, dst: NamedSharding) -> jax.Array:
     with jax.named_scope("pull"):
         for (sender, receiver), pairs in sorted(groups.items()):
             if receiver == me:
-                wanted = [jax.ShapeDtypeStruct(shard_shape, x.dtype, sharding=SingleDeviceSharding(d))
-                          for _, d in pairs]  # fmt: skip
+                wanted = [
+                    jax.ShapeDtypeStruct(shard_shape, x.dtype, sharding=SingleDeviceSharding(d))
+                    for _, d in pairs
+                ]
                 pulled = connection(sender).pull(transfer_uuid(call, sender, receiver), wanted)
                 received.update(zip((d for _, d in pairs), pulled, strict=True))
     local = [d for d in dst.mesh.devices.flat if d.process_index == me]

@@ -62,8 +62,9 @@ def _moved_as_bits(rows: jax.Array, perm: tuple[tuple[int, int], ...]) -> jax.Ar
 @functools.cache
 def _permute(devices: tuple[jax.Device, ...], perm: tuple[tuple[int, int], ...]):
     mesh = Mesh(np.array(devices), ("u",))
-    body = jax.shard_map(functools.partial(_moved_as_bits, perm=perm), mesh=mesh, in_specs=P("u"),
-                         out_specs=P("u"))  # fmt: skip
+    body = jax.shard_map(
+        functools.partial(_moved_as_bits, perm=perm), mesh=mesh, in_specs=P("u"), out_specs=P("u")
+    )
     return mesh, jax.jit(body)
 
 

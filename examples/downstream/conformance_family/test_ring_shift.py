@@ -33,8 +33,11 @@ def _one_shard(d, n, itemsize):
 
 def _bad_inputs(n):
     rows = 2 * n + 1
-    return (specs.BadInput(f"{rows} rows not divisible by the axis size {n}", ((rows, 128),), None,
-                           (str(rows), str(n))),)  # fmt: skip
+    return (
+        specs.BadInput(
+            f"{rows} rows not divisible by the axis size {n}", ((rows, 128),), None, (str(rows), str(n))
+        ),
+    )
 
 
 RING_SHIFT = specs.add_family(
@@ -46,6 +49,7 @@ RING_SHIFT = specs.add_family(
         out_shape=_shape,
         dims=("rows_per_shard", "cols"),
         canonical_dims={"rows_per_shard": 3, "cols": 128},
+        dim_values={"rows_per_shard": (1, 2, 3, 5, 8), "cols": (1, 8, 128, 256)},
         dtypes=("float32", "bfloat16", "int32"),
         reference=lambda x, *, axis_size: np.roll(x, x.shape[0] // axis_size, axis=0),
         tolerance=lambda x, dtype: tolerances.data_movement_tolerance(x.shape),
@@ -67,8 +71,12 @@ def downstream_ring_shift(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: s
     if x.shape[0] % n:
         raise ValueError(f"downstream_ring_shift: {x.shape[0]} rows do not divide by the axis size {n}")
     to_next = [(j, (j + 1) % n) for j in range(n)]
-    return jax.shard_map(lambda b: lax.ppermute(b, axis_name, to_next), mesh=mesh,
-                         in_specs=P(axis_name), out_specs=P(axis_name))(x)  # fmt: skip
+    return jax.shard_map(
+        lambda b: lax.ppermute(b, axis_name, to_next),
+        mesh=mesh,
+        in_specs=P(axis_name),
+        out_specs=P(axis_name),
+    )(x)
 
 
 # -- Reuse: the suite's mesh fixture and checks, in a test of one's own --------------------------
@@ -77,8 +85,13 @@ def downstream_ring_shift(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: s
 @pytest.mark.conformance_meshes("2-x-auto", "2x4-y-explicit")
 def test_values_at_a_wide_bfloat16_shape(conformance_mesh_config) -> None:
     """One check, as a function of a case this project picks (a ConformanceFailure says what is wrong)."""
-    case = Case.make("ring_shift", "downstream_ring_shift", conformance_mesh_config,
-                     {"rows_per_shard": 16, "cols": 512}, "bfloat16")  # fmt: skip
+    case = Case.make(
+        "ring_shift",
+        "downstream_ring_shift",
+        conformance_mesh_config,
+        {"rows_per_shard": 16, "cols": 512},
+        "bfloat16",
+    )
     checks.check_values(case)
 
 

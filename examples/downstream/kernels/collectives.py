@@ -71,8 +71,10 @@ def downstream_tiled_allgather_matmul(
 ) -> jax.Array:
     n = mesh.shape[axis_name]
     if lhs.shape[0] % n or rhs.shape[1] % n:
-        raise ValueError(f"downstream_tiled_allgather_matmul: lhs rows {lhs.shape[0]} and rhs columns "
-                         f"{rhs.shape[1]} must divide by the axis size {n}")  # fmt: skip
+        raise ValueError(
+            f"downstream_tiled_allgather_matmul: lhs rows {lhs.shape[0]} and rhs columns "
+            f"{rhs.shape[1]} must divide by the axis size {n}"
+        )
 
     def per_device(lhs_block: jax.Array, rhs_block: jax.Array) -> jax.Array:
         rows = _ring_gather(lhs_block, axis_name, n)

@@ -1,0 +1,225 @@
+"""Autodiff: gradients against numpy float64 (the transpose math), and the collectives of the
+backward pass (compiled here and lowered for each target) against what its math needs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from conformance import compat, hlo, runner
+from conformance.checks.base import (
+    Axes,
+    Check,
+    ConformanceFailure,
+    call_kernel,
+    check_byte_bound,
+    compare_shards,
+    fail,
+    keeping,
+)
+from conformance.checks.collectives import ByteRecord, byte_table
+from conformance.runner import Case
+
+
+def check_gradients(case: Case) -> None:
+    """``jax.vjp`` with a random cotangent against numpy float64 gradients (the transpose math).
+
+    Each gradient must also come back with its operand's sharding and dtype.
+    """
+    spec = case.spec
+    if spec.vjp_reference is None or spec.vjp_tolerance is None:
+        raise ValueError(f"family {case.family} defines no gradients")
+    inputs64, ct64, grads = call_kernel(case, "gradients", lambda: runner.execute_pullback(case))
+    expected = spec.vjp_reference(*inputs64, ct64)
+    tolerance = spec.vjp_tolerance(*inputs64, ct64, case.dtype)
+    want_dtype = runner.np_dtype(case.dtype)
+    if len(grads) != len(spec.operands):
+        raise fail(
+            case, "gradients", f"the VJP returned {len(grads)} gradients for {len(spec.operands)} operands"
+        )
+    for operand, grad, sharding, exp, tol in zip(
+        spec.operands, grads, runner.operand_shardings(case), expected, tolerance, strict=True
+    ):
+        name = f"d_{operand.name}"
+        if np.dtype(grad.dtype) != want_dtype:
+            raise fail(case, "gradients", f"gradient {name} has dtype {grad.dtype}, operand has {want_dtype}")
+        if not grad.sharding.is_equivalent_to(sharding, grad.ndim):
+            got_spec = getattr(grad.sharding, "spec", grad.sharding)
+            raise fail(
+                case,
+                "gradients",
+                f"gradient {name} is not sharded like {operand.name}",
+                [
+                    f"expected       : {sharding.spec}",
+                    f"got            : {got_spec}",
+                ],
+            )
+        compare_shards(case, "gradients", grad, exp, tol, what=name)
+
+
+#: The usual cause of an unneeded all-reduce in a backward pass, for the failure message.
+DEFENSIVE_ALL_REDUCE_HINT = (
+    "an all-reduce here is typically the defensive psum shard_map adds in the backward of an output "
+    "it cannot prove replicated (check_vma=False, or a pallas_call whose varying axes are undeclared): "
+    "declare them (README: 'Backward passes without defensive all-reduces')"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardAudit:
+    """What a pullback's modules hold: the compiled host module and each cross-lowered one."""
+
+    compiled: hlo.CollectiveSummary
+    lowered: dict[str, hlo.CollectiveSummary]
+
+    def forbidden(self, allowed: frozenset[str]) -> list[str]:
+        """One line per module using a collective outside ``allowed`` (plus a hint for an all-reduce)."""
+        lines, kinds = [], set()
+        for where, summary in [
+            ("compiled for the host (cpu)", self.compiled),
+            *((f"lowered for {t}", s) for t, s in self.lowered.items()),
+        ]:
+            bad = hlo.disallowed(summary, allowed)
+            if bad:
+                lines.append(f"{where}: " + "; ".join(op.describe() for op in bad))
+                kinds.update(op.kind for op in bad)
+        if "all-reduce" in kinds:
+            lines.append(DEFENSIVE_ALL_REDUCE_HINT)
+        return lines
+
+
+def audit_backward(
+    fn: Callable[..., object],
+    args: Sequence[jax.ShapeDtypeStruct],
+    cotangent: jax.ShapeDtypeStruct,
+    *,
+    host_fn: Callable[..., object] | None = None,
+    targets: Sequence[str] = ("tpu", "cuda"),
+) -> BackwardAudit:
+    """The collectives in ``fn``'s VJP, compiled for this host and lowered for each of ``targets``.
+
+    ``host_fn`` is what runs on this host if it differs from what the targets
+    see (a Pallas kernel in interpret mode). Usable on any function, not only
+    registered kernels: the suite's seed-issue test calls it directly.
+    """
+    abstract = (*args, cotangent)
+    traced = runner.pullback_of(fn).trace(*abstract)  # one trace, lowered for each target
+    host = traced if host_fn is None else runner.pullback_of(host_fn).trace(*abstract)
+    compiled = runner.compile_lowered(host.lower(), jax.default_backend())
+    lowered = {t: hlo.parse_stablehlo(compat.lower_traced(traced, t).as_text()) for t in targets}
+    return BackwardAudit(hlo.parse_hlo(compiled.as_text()), lowered)
+
+
+def assert_backward_collectives(
+    fn: Callable[..., object],
+    args: Sequence[jax.ShapeDtypeStruct],
+    cotangent: jax.ShapeDtypeStruct,
+    *,
+    name: str,
+    allowed: frozenset[str] = frozenset(),
+    host_fn: Callable[..., object] | None = None,
+    targets: Sequence[str] = ("tpu",),
+) -> BackwardAudit:
+    """Raise :class:`ConformanceFailure` if ``fn``'s VJP uses a collective outside ``allowed``.
+
+    For any function, registered or not: compiled for this host (``host_fn``,
+    e.g. the Pallas kernel in interpret mode) and lowered for each of ``targets``.
+    """
+    audit = audit_backward(fn, args, cotangent, host_fn=host_fn, targets=targets)
+    problems = audit.forbidden(allowed)
+    if problems:
+        shapes = ", ".join(f"{list(a.shape)} {a.dtype}" for a in args)
+        lines = [
+            f"[backward_collectives] {name}: the backward pass uses collectives its math does not need",
+            f"  arguments      : {shapes}; cotangent {list(cotangent.shape)}",
+            f"  allowed        : {', '.join(sorted(allowed)) or 'none'}",
+            *("  " + p for p in problems),
+        ]
+        raise ConformanceFailure("\n".join(lines))
+    return audit
+
+
+def check_backward_collectives(case: Case) -> ByteRecord:
+    """The VJP uses only the collectives the family's gradient math needs, on every target.
+
+    Audited twice: the module compiled for this host (with byte accounting) and
+    the modules lowered for the implementation's targets, because a collective
+    one backend's compiler removes can survive in another's (XLA CPU drops the
+    defensive all-reduce that the TPU lowering keeps).
+    """
+    spec, impl = case.spec, case.implementation
+    if spec.backward_max_received_bytes is None:
+        raise ValueError(f"family {case.family} defines no backward byte bound")
+    summary = hlo.parse_hlo(
+        call_kernel(case, "backward_collectives", lambda: runner.compiled_pullback(case).as_text())
+    )
+    lowered = {}
+    for target in impl.lowering_targets:
+        text = call_kernel(
+            case, "backward_collectives", lambda t=target: runner.lowered_pullback_for(case, t).as_text()
+        )
+        lowered[target] = hlo.parse_stablehlo(text)
+    audit = BackwardAudit(summary, lowered)
+    n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
+    received = summary.received_bytes_per_device()
+    bound = spec.backward_max_received_bytes(case.dims_map, n, itemsize)
+    record = ByteRecord(
+        case.family,
+        case.impl,
+        case.mesh.label,
+        case.dtype,
+        received,
+        bound,
+        tuple(op.describe() for op in summary.ops),
+    )
+    if impl.baseline:
+        return record
+    with keeping([record]):
+        allowed = spec.backward_allowed_collectives
+        ops = [f"  {op.describe()}" for op in summary.ops] or ["  (none)"]
+        problems = audit.forbidden(allowed)
+        if problems:
+            allowed_text = ", ".join(sorted(allowed)) or "none"
+            what = "the backward pass uses collectives its math does not need"
+            raise fail(
+                case,
+                "backward_collectives",
+                what,
+                [
+                    f"allowed        : {allowed_text} ({spec.backward_byte_bound_text})",
+                    *problems,
+                ],
+            )
+        check_byte_bound(
+            case,
+            "backward_collectives",
+            "the backward pass receives more than its math needs",
+            received,
+            bound,
+            spec.backward_byte_bound_text,
+            ops,
+        )
+    return record
+
+
+CHECKS = (
+    Check(
+        "gradients",
+        check_gradients,
+        axes=Axes(case="drawn_gradients", implementations=("differentiable",)),
+        doc="``jax.vjp`` with random cotangents against numpy float64 gradients, on every mesh.",
+    ),
+    Check(
+        "backward_collectives",
+        check_backward_collectives,
+        tables=lambda records: byte_table(
+            "backward (VJP): bytes received per device / the math's bound (compiled HLO)", records
+        ),
+        axes=Axes(implementations=("differentiable",)),
+        doc="The backward pass uses only the collectives its math needs: compiled here and lowered for "
+        "targets.",
+    ),
+)

@@ -1,0 +1,275 @@
+"""What every check shares: its failure, the kernel call that names where an error came from, the
+shard-by-shard comparison with the float64 reference, and the :class:`Check` a check registers as.
+
+A check is a plain function of a :class:`~conformance.runner.Case`. It returns the records it made
+for the run's tables (or nothing) and raises :class:`ConformanceFailure` for a kernel that does not
+conform, :class:`NotJudged` when there is nothing in the kernel it can judge, and
+:class:`conformance.compat.HostLimit` for what this host cannot do. Records made before it raised
+travel on the exception (:func:`keeping`), so a failing kernel still shows in the tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from conformance import compat, runner
+from conformance.blame import error_locations, error_text
+from conformance.runner import Case
+
+
+class ConformanceFailure(AssertionError):
+    """A check found the implementation does not conform.
+
+    ``case``, ``check`` and ``what`` (the one-line verdict) are set when :func:`fail` made it,
+    so a report can group failures by cause; ``None`` otherwise.
+    """
+
+    case: Case | None = None
+    check: str | None = None
+    what: str | None = None
+
+
+class NotJudged(Exception):
+    """The check has nothing it can judge in this implementation (a skip naming why, never a pass)."""
+
+
+def fail(case: Case, check: str, what: str, details: Sequence[str] = ()) -> ConformanceFailure:
+    lines = [f"[{check}] {case.family}/{case.impl}: {what}", *("  " + h for h in case.describe())]
+    lines += ["  " + d for d in details]
+    lines.append(f"  replay         : {case.replay_command(check)}")
+    failure = ConformanceFailure("\n".join(lines))
+    failure.case, failure.check, failure.what = case, check, what
+    return failure
+
+
+def _device_coords(mesh: jax.sharding.Mesh, device: jax.Device) -> str:
+    pos = np.argwhere(mesh.devices == device)
+    if not len(pos):
+        return "not in mesh"
+    return ", ".join(f"{n}={i}" for n, i in zip(mesh.axis_names, pos[0], strict=True))
+
+
+def slice_text(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
+    parts = []
+    for s, dim in zip(index, shape, strict=True):
+        start, stop, _ = s.indices(dim)
+        parts.append(f"{start}:{stop}")
+    return "[" + ", ".join(parts) + "]"
+
+
+@contextlib.contextmanager
+def keeping(records: list[Any]) -> Iterator[list[Any]]:
+    """Whatever the block raises carries ``records`` (the ones made so far) as ``.records``: a
+    failing or host-limited check's records still reach the run's tables."""
+    try:
+        yield records
+    except BaseException as error:
+        error.records = [*getattr(error, "records", ()), *records]  # type: ignore[attr-defined]
+        raise
+
+
+def records_of(result: object) -> list[Any]:
+    """A check's return value as a list of records (``None``: none; one record; a list)."""
+    if result is None:
+        return []
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+#: How a check's test makes its case: the family's fixed dims, dims hypothesis draws (at the spec's
+#: dtypes, or at its gradient dtypes), or the spec's accuracy dims.
+CASE_KINDS = ("fixed", "drawn", "drawn_gradients", "accuracy")
+#: What a test may ask of an implementation.
+IMPLEMENTATION_PREDICATES = ("pallas", "differentiable", "not_baseline")
+
+
+@dataclasses.dataclass(frozen=True)
+class Axes:
+    """What a check's pytest test is parametrized over. :mod:`conformance.family_tests` makes the
+    test ``test_<name>`` from it, and the plugin parametrizes the test by it (the test carries it as
+    its ``conformance_axes`` mark), so a check declares its test where it is defined."""
+
+    #: :data:`CASE_KINDS`.
+    case: str = "fixed"
+    #: Mesh labels; ``None``: every standard mesh.
+    meshes: tuple[str, ...] | None = None
+    #: Both fixed shapes ("odd" and its "even" twin), or the odd one alone.
+    shapes: bool = False
+    #: The spec field whose dtypes the test runs at (``"dtypes"``, ``"accuracy_dtypes"``, ...);
+    #: ``None``: float32 (or what hypothesis draws).
+    dtypes: str | None = None
+    #: Both DMA execution modes of TPU interpret mode.
+    dma_modes: bool = False
+    #: On every platform (cpu, gpu, tpu), or on CPU alone (Pallas interpret mode).
+    platforms: bool = True
+    #: :data:`IMPLEMENTATION_PREDICATES` an implementation must meet to be tested.
+    implementations: tuple[str, ...] = ()
+    #: A spec field a family must set for the test to run there (e.g. ``"overlap"``).
+    families_with: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.case not in CASE_KINDS:
+            raise ValueError(f"Axes.case {self.case!r} is not one of {CASE_KINDS}")
+        unknown = set(self.implementations) - set(IMPLEMENTATION_PREDICATES)
+        if unknown:
+            raise ValueError(f"Axes.implementations: {sorted(unknown)} not in {IMPLEMENTATION_PREDICATES}")
+
+    def selects(self, implementation: Any) -> bool:
+        """Whether ``implementation`` (a registry record) meets :attr:`implementations`."""
+        return all(
+            (not implementation.baseline) if p == "not_baseline" else getattr(implementation, p)
+            for p in self.implementations
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A check as the run knows it: its name (test ids, replay lines), its function, how its
+    records become the run's tables, and what its test is parametrized over. Calling it calls
+    the function."""
+
+    name: str
+    fn: Callable[[Case], object]
+    #: ``records -> [(title, lines)]``: this check's tables, from its records of the run.
+    tables: Callable[[list[Any]], list[tuple[str, list[str]]]] | None = None
+    #: Its pytest test's axes; ``None``: the check has a test of its own in ``family_tests``.
+    axes: Axes | None = None
+    #: The test's docstring (default: the first paragraph of the check's).
+    doc: str = ""
+
+    def __call__(self, case: Case) -> object:
+        return self.fn(case)
+
+
+def call_kernel(case: Case, check: str, thunk: Callable[[], object]) -> object:
+    """Run the implementation; an exception on valid input is a conformance failure naming where."""
+    try:
+        with compat.unfiltered_tracebacks():
+            return thunk()
+    except ConformanceFailure:
+        raise
+    except Exception as e:  # the kernel's own error, re-raised with the case attached
+        details = [*error_locations(e), error_text(e)]
+        raise fail(case, check, f"raised {type(e).__name__} on valid input", details) from e
+
+
+def run_case(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarray, ...], jax.Array]:
+    return call_kernel(case, check, lambda: (runner.execute_cached if cached else runner.execute)(case))
+
+
+def compare_shards(
+    case: Case,
+    check: str,
+    out: jax.Array,
+    expected: np.ndarray,
+    tol: np.ndarray,
+    *,
+    what: str = "out",
+    subject: str | None = None,
+) -> None:
+    """Every addressable shard of ``what`` against its block of ``expected``; reports the first wrong one."""
+    if tuple(out.shape) != tuple(expected.shape):
+        raise fail(case, check, f"{what} shape {tuple(out.shape)} != expected {expected.shape}")
+    mesh = runner.mesh_of(case)
+    wrong = []
+    for shard in sorted(out.addressable_shards, key=lambda s: s.device.id):
+        got = np.asarray(shard.data).astype(np.float64)
+        exp, t = expected[shard.index], tol[shard.index]
+        if got.shape != exp.shape:
+            wrong.append((shard, f"shard shape {got.shape} != block shape {exp.shape}", None))
+            continue
+        bad = ~(np.abs(got - exp) <= t)  # NaN counts as wrong
+        if bad.any():
+            wrong.append((shard, bad, (got, exp, t)))
+    if not wrong:
+        return
+    shard, bad, data = wrong[0]
+    details = [
+        f"first wrong shard: device {shard.device.id} (mesh coords {_device_coords(mesh, shard.device)}), "
+        f"block {slice_text(shard.index, expected.shape)}",
+    ]
+    if data is None:
+        details.append(str(bad))
+    else:
+        got, exp, t = data
+        local = tuple(int(i) for i in np.argwhere(bad)[0])
+        offsets = [s.indices(d)[0] for s, d in zip(shard.index, expected.shape, strict=True)]
+        glob = tuple(o + i for o, i in zip(offsets, local, strict=True))
+        details.append(
+            f"first wrong index: {what}{list(glob)} = {float(got[local]):.7g}, "
+            f"expected {float(exp[local]):.7g} "
+            f"(tolerance {t[local]:.3g}, |error| {abs(got[local] - exp[local]):.3g})"
+        )
+        details.append(f"wrong elements in that shard: {int(bad.sum())} of {bad.size}")
+    details.append(
+        f"wrong shards: {len(wrong)} of {len(out.addressable_shards)} "
+        f"(devices {[s.device.id for s, _, _ in wrong]})"
+    )
+    subject = subject or ("values differ" if what == "out" else f"gradient {what} differs")
+    raise fail(case, check, f"{subject} from the numpy float64 reference", details)
+
+
+def assert_dtype(case: Case, check: str, out: jax.Array) -> None:
+    want = runner.np_dtype(case.dtype)
+    got = {np.dtype(out.dtype)} | {np.dtype(s.data.dtype) for s in out.addressable_shards}
+    if got != {want}:
+        raise fail(case, check, f"result dtype {sorted(map(str, got))} != input dtype {want}")
+
+
+def check_byte_bound(
+    case: Case,
+    check: str,
+    what: str,
+    received: int | None,
+    bound: int,
+    bound_text: str,
+    ops: list[str],
+    module: str = "compiled module",
+) -> None:
+    """Fail ``check`` if a device receives more than ``bound`` bytes per call (or an unknown amount)."""
+    if received is not None and received <= bound:
+        return
+    got = (
+        "unbounded (a collective runs in a loop of unknown trip count)"
+        if received is None
+        else f"{received} bytes"
+    )
+    raise fail(
+        case,
+        check,
+        what,
+        [
+            f"bound          : {bound} bytes ({bound_text})",
+            f"received       : {got} per device per call",
+            f"collectives in the {module}:",
+            *ops,
+        ],
+    )
+
+
+def lower_or_note_limit(case: Case, check: str, what: str, lower, target: str, limited: list[str]):
+    """``lower(target)``; what this host cannot lower is noted in ``limited`` (``None`` returned), and any
+    other error is ``check``'s failure (cross_lowering fails it too)."""
+    try:
+        return lower(target)
+    except compat.HostCannotLower as limit:
+        limited.append(f"{target}: {limit}")
+        return None
+    except Exception as e:
+        raise fail(
+            case, check, f"{what} does not lower for {target}", [*error_locations(e), error_text(e)]
+        ) from e
+
+
+def compare_with_reference(
+    case: Case, check: str, out: jax.Array, inputs64: tuple[np.ndarray, ...], *, subject: str | None = None
+) -> None:
+    """Every shard of the result against the family's float64 reference, within the dtype's tolerance."""
+    spec = case.spec
+    expected = spec.expected(inputs64, axis_size=case.mesh.axis_size)
+    compare_shards(case, check, out, expected, spec.tolerance(*inputs64, case.dtype), subject=subject)

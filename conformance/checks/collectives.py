@@ -1,0 +1,255 @@
+"""The collectives in the compiled module and in the modules lowered for each target, and the bytes
+each device receives against the family's bound."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from conformance import compat, hlo, runner
+from conformance.checks.base import (
+    Axes,
+    Check,
+    call_kernel,
+    check_byte_bound,
+    fail,
+    keeping,
+    lower_or_note_limit,
+    records_of,
+)
+from conformance.runner import Case
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteRecord:
+    """Bytes one device receives per call, against the family's lower bound."""
+
+    family: str
+    impl: str
+    mesh: str
+    dtype: str
+    received: int | None
+    lower_bound: int
+    collectives: tuple[str, ...]
+
+    @property
+    def ratio(self) -> float | None:
+        if self.received is None or not self.lower_bound:
+            return None
+        return self.received / self.lower_bound
+
+
+def allowed_collectives(case: Case) -> frozenset[str]:
+    """A Pallas kernel moves data by DMA inside the kernel: no collective may surround it."""
+    return frozenset() if case.implementation.pallas else case.spec.allowed_collectives
+
+
+def compiled_collectives(case: Case) -> hlo.CollectiveSummary:
+    text = call_kernel(case, "collectives", lambda: runner.compiled(case).as_text())
+    return hlo.parse_hlo(text)
+
+
+def check_collectives(case: Case) -> ByteRecord | None:
+    """Compiled HLO uses only the family's collectives and stays within its byte bound.
+
+    The baseline (XLA's own op) is exempt from both rules; its bytes are still
+    recorded so the report can compare. A Pallas kernel's transfers are DMAs
+    inside the kernel, invisible to HLO: what is audited is that its module holds
+    no collective at all around the kernel call (and no bytes are recorded: HLO cannot see them).
+    """
+    spec, impl = case.spec, case.implementation
+    summary = compiled_collectives(case)
+    n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
+    received = summary.received_bytes_per_device()
+    record = ByteRecord(
+        case.family,
+        case.impl,
+        case.mesh.label,
+        case.dtype,
+        received,
+        spec.min_received_bytes(case.dims_map, n, itemsize),
+        tuple(op.describe() for op in summary.ops),
+    )
+    kept = None if impl.pallas else record
+    if impl.baseline:
+        return kept
+    ops = [f"  {op.describe()}" for op in summary.ops] or ["  (none)"]
+    allowed = allowed_collectives(case)
+    bad = hlo.disallowed(summary, allowed)
+    with keeping(records_of(kept)):
+        _judge(case, summary, ops, allowed, bad)
+    return kept
+
+
+def _judge(case: Case, summary: hlo.CollectiveSummary, ops: list[str], allowed: frozenset[str], bad) -> None:
+    spec, impl = case.spec, case.implementation
+    n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
+    if bad:
+        allowed_text = ", ".join(sorted(allowed)) or "none (a Pallas kernel moves data by DMA)"
+        raise fail(
+            case,
+            "collectives",
+            "compiled HLO uses collectives the family forbids",
+            [
+                f"allowed        : {allowed_text}",
+                f"forbidden      : {', '.join(sorted({op.kind for op in bad}))}",
+                "collectives in the compiled module:",
+                *ops,
+            ],
+        )
+    if impl.pallas:
+        return
+    bound = spec.max_received_bytes(case.dims_map, n, itemsize)
+    check_byte_bound(
+        case,
+        "collectives",
+        "a device receives more than the family allows",
+        summary.received_bytes_per_device(),
+        bound,
+        spec.byte_bound_text,
+        ops,
+    )
+
+
+def check_lowered_bytes(case: Case) -> list[ByteRecord]:
+    """16-bit traffic, forward and backward, in the modules lowered for the implementation's targets.
+
+    XLA CPU converts bfloat16 and float16 to float32 before every transfer, so the compiled
+    module can audit float32 only; a module lowered for TPU or CUDA keeps the real types. The
+    bounds are the spec's at the dtype's itemsize (with float32 partials where the spec says
+    partials travel as float32). The baseline is recorded, not bounded.
+    """
+    spec, impl = case.spec, case.implementation
+    passes = [
+        ("forward", lambda t: runner.lowered_for(case, t), spec.max_received_bytes, spec.byte_bound_text)
+    ]
+    if impl.differentiable and spec.backward_max_received_bytes is not None:
+        passes.append(
+            (
+                "backward",
+                lambda t: runner.lowered_pullback_for(case, t),
+                spec.backward_max_received_bytes,
+                spec.backward_byte_bound_text,
+            )
+        )
+    records, host_limited = [], []
+    with keeping(records):
+        _lower_each(case, passes, records, host_limited)
+        if host_limited:  # what did lower was within bounds; the rest this host could not try
+            raise compat.HostCannotLower("; ".join(host_limited))
+    return records
+
+
+def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limited: list[str]) -> None:
+    impl, itemsize, n = case.implementation, runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
+    for target in impl.lowering_targets:
+        for name, lower, bound_of, bound_text in passes:
+            lowered = lower_or_note_limit(
+                case, "lowered_bytes", f"the {name} pass", lower, target, host_limited
+            )
+            if lowered is None:
+                continue
+            summary = hlo.parse_stablehlo(lowered.as_text())
+            received, bound = summary.received_bytes_per_device(), bound_of(case.dims_map, n, itemsize)
+            record = ByteRecord(
+                case.family,
+                case.impl,
+                f"{case.mesh.label} {target} {name}",
+                case.dtype,
+                received,
+                bound,
+                tuple(op.describe() for op in summary.ops),
+            )
+            records.append(record)
+            if not impl.baseline:
+                check_byte_bound(
+                    case,
+                    "lowered_bytes",
+                    f"the {name} pass lowered for {target} moves more {case.dtype} bytes than its math needs",
+                    received,
+                    bound,
+                    bound_text,
+                    [f"  {op.describe()}" for op in summary.ops],
+                    module=f"module lowered for {target}",
+                )
+
+
+def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> None:
+    """It lowers for each of its targets from the CPU host, using only allowed collectives there.
+
+    Targets come from the registration: TPU and CUDA by default, TPU alone for a
+    Pallas TPU kernel (lowered as the real kernel, not the interpreter).
+    """
+    impl = case.implementation
+    problems, host_limited = [], []
+    for target in targets or impl.lowering_targets:
+        try:
+            text = runner.lowered_for(case, target).as_text()
+        except compat.HostCannotLower as limit:
+            host_limited.append(f"{target}: {limit}")
+            continue
+        except Exception as e:
+            problems.append(f"{target}: lowering raised {type(e).__name__}: {str(e)[:1500]}")
+            continue
+        bad = () if impl.baseline else hlo.disallowed(hlo.parse_stablehlo(text), allowed_collectives(case))
+        if bad:
+            problems.append(
+                f"{target}: lowered module uses forbidden collectives: "
+                + "; ".join(op.describe() for op in bad)
+            )
+    if problems:
+        raise fail(case, "cross_lowering", "does not lower cleanly for every target", problems + host_limited)
+    if host_limited:  # what did lower was clean; the rest this host could not try
+        raise compat.HostCannotLower("; ".join(host_limited))
+
+
+def byte_table(title: str, records: list[Any]) -> list[tuple[str, list[str]]]:
+    """Per implementation: received bytes / bound over the modules recorded, and the collectives used."""
+    if not records:
+        return []
+    by_impl: dict[tuple[str, str], list] = defaultdict(list)
+    for rec in records:
+        by_impl[(rec.family, rec.impl)].append(rec)
+    width = max(len(impl) for _, impl in by_impl)
+    lines = []
+    for (family, impl), recs in sorted(by_impl.items()):
+        ratios = [r.ratio for r in recs if r.ratio is not None]
+        unbounded = [r.mesh for r in recs if r.received is None]
+        kinds = sorted({c.split("(")[0] for r in recs for c in r.collectives})
+        span = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "n/a"
+        if ratios and min(ratios) == max(ratios):
+            span = f"{ratios[0]:.2f}"
+        if not ratios and all(r.received == 0 for r in recs):
+            span = "0 bytes"
+        via = ", ".join(kinds) or "none"
+        meshes_seen = len({r.mesh.split()[0] for r in recs})  # a lowered record's is "mesh target pass"
+        where = f"{len(recs):>3} modules on {meshes_seen:>2} meshes"
+        line = f"{family:<21} {impl:<{width}}  ratio {span:>9} in {where}  via {via}"
+        if unbounded:
+            line += f"  UNBOUNDED on {unbounded}"
+        lines.append(line)
+    return [(title, lines)]
+
+
+CHECKS = (
+    Check(
+        "collectives",
+        check_collectives,
+        tables=lambda records: byte_table(
+            "forward: bytes received per device / lower bound (compiled HLO)", records
+        ),
+        axes=Axes(shapes=True),
+    ),
+    Check("cross_lowering", check_cross_lowering, axes=Axes(shapes=True)),
+    Check(
+        "lowered_bytes",
+        check_lowered_bytes,
+        tables=lambda records: byte_table(
+            "16-bit: bytes received per device / bound (modules lowered for each target)", records
+        ),
+        axes=Axes(dtypes="sixteen_bit_dtypes"),
+        doc="bfloat16/float16 bytes per device, forward and backward, in the modules lowered for targets.",
+    ),
+)

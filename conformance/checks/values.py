@@ -1,0 +1,166 @@
+"""Values, output sharding, dtype, determinism, and the kernel called outside jit: every shard of the
+result against the numpy float64 reference, within the dtype's tolerance (exact for data movement)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from conformance import compat, runner
+from conformance.blame import error_locations, error_text
+from conformance.checks.base import (
+    Axes,
+    Check,
+    assert_dtype,
+    compare_with_reference,
+    fail,
+    run_case,
+    slice_text,
+)
+from conformance.runner import Case
+
+
+def check_values(case: Case) -> None:
+    """Every shard of the result equals the float64 reference within the dtype's tolerance."""
+    inputs64, out = run_case(case, "values", cached=False)
+    compare_with_reference(case, "values", out, inputs64)
+    assert_dtype(case, "values", out)  # so the drawn dtypes meet every mesh, not only dtype's two
+
+
+def check_output_sharding(case: Case) -> None:
+    """The result's sharding is the spec's, and every device holds exactly its block.
+
+    A ``with_sharding_constraint`` is not trusted (it is a no-op on Explicit
+    meshes): the sharding is read off the result, and each addressable shard's
+    index and data are compared with what the spec's sharding implies.
+    """
+    inputs64, out = run_case(case, "output_sharding")
+    expected_sharding = runner.expected_out_sharding(case)
+    ndim = len(case.out_shape)
+    if not out.sharding.is_equivalent_to(expected_sharding, ndim):
+        got_spec = getattr(out.sharding, "spec", out.sharding)
+        raise fail(
+            case,
+            "output_sharding",
+            "output sharding differs from the spec",
+            [
+                f"expected       : {expected_sharding.spec}",
+                f"got            : {got_spec}  ({type(out.sharding).__name__})",
+            ],
+        )
+    index_map = expected_sharding.devices_indices_map(tuple(case.out_shape))
+    holders = {s.device for s in out.addressable_shards}
+    mine = jax.process_index()  # in a multi-process job, each rank judges the devices it addresses
+    missing = [d.id for d in index_map if d.process_index == mine and d not in holders]
+    if missing:
+        raise fail(case, "output_sharding", f"devices {missing} hold no shard of the output")
+    for shard in out.addressable_shards:
+        want = index_map[shard.device]
+        if slice_text(shard.index, case.out_shape) != slice_text(want, case.out_shape):
+            raise fail(
+                case,
+                "output_sharding",
+                "a device holds the wrong block",
+                [
+                    f"device {shard.device.id}: holds {slice_text(shard.index, case.out_shape)}, "
+                    f"spec says {slice_text(want, case.out_shape)}",
+                ],
+            )
+    compare_with_reference(case, "output_sharding", out, inputs64)
+
+
+def check_dtype(case: Case) -> None:
+    """The result (and every shard of it) has the inputs' dtype; and, since the kernel ran at this
+    dtype, every shard's values against the float64 reference (the fixed shapes at every dtype on
+    every mesh: the value check's drawn dtypes meet each mesh by chance, these by construction)."""
+    inputs64, out = run_case(case, "dtype")
+    assert_dtype(case, "dtype", out)
+    compare_with_reference(case, "dtype", out, inputs64)
+
+
+def check_determinism(case: Case) -> None:
+    """Two calls on the same inputs give bitwise-equal shards (the first may be the call the other
+    fixed-shape checks of this case share)."""
+    _, first = run_case(case, "determinism")
+    _, second = run_case(case, "determinism", cached=False)
+    a = {s.device.id: np.asarray(s.data) for s in first.addressable_shards}
+    b = {s.device.id: np.asarray(s.data) for s in second.addressable_shards}
+    for dev in sorted(a):
+        if a[dev].tobytes() != b.get(dev, np.empty(0)).tobytes():
+            diff = np.argwhere(a[dev].view(np.uint8).reshape(-1) != b[dev].view(np.uint8).reshape(-1))
+            raise fail(
+                case,
+                "determinism",
+                "two calls on the same inputs differ bitwise",
+                [
+                    f"first differing shard: device {dev}, first differing byte {int(diff[0][0])}",
+                ],
+            )
+
+
+def check_eager(case: Case) -> None:
+    """Called outside ``jax.jit``, as users call kernels too, on the inputs of the jitted run: the
+    result's shape and dtype, and every shard against the float64 reference within the dtype's
+    tolerance, as under jit (so bitwise for data movement, whose tolerance is zero). A kernel whose
+    Python takes another path on concrete arrays (a host read of its global input to log a
+    checksum: fine in one process, an error in a job where the input is not fully addressable; a
+    shortcut for small inputs) is caught here.
+
+    Not bitwise for arithmetic: outside jit a ``shard_map`` body runs op by op, and XLA fuses the
+    jitted program, so a matmul split into partial sums may round differently in its last bit
+    (measured on the bidirectional rings: 1 ulp on a few elements); JAX promises no more.
+    """
+    inputs64, jitted_out = run_case(case, "eager")
+    try:
+        with compat.unfiltered_tracebacks():
+            eager_out = runner.execute_eagerly(case)
+            jax.block_until_ready(eager_out)
+    except Exception as e:
+        details = [*error_locations(e), error_text(e)]
+        raise fail(
+            case,
+            "eager",
+            f"raised {type(e).__name__} when called outside jax.jit (under jit it returns)",
+            details,
+        ) from e
+    if not isinstance(eager_out, jax.Array):
+        raise fail(case, "eager", f"returned {type(eager_out).__name__} outside jax.jit, not a jax.Array")
+    if tuple(eager_out.shape) != tuple(jitted_out.shape) or eager_out.dtype != jitted_out.dtype:
+        raise fail(
+            case,
+            "eager",
+            f"outside jax.jit the result is {eager_out.dtype}{list(eager_out.shape)}, "
+            f"under jit {jitted_out.dtype}{list(jitted_out.shape)}",
+        )
+    compare_with_reference(case, "eager", eager_out, inputs64, subject="outside jax.jit the values differ")
+
+
+#: The eager check's meshes: a ring of 2 on an Auto mesh and a ring of 4 on an Explicit 2-D one (in a
+#: job each spans the processes). What it catches is the kernel's Python on concrete arrays, which no
+#: longer ring shows more of; outside jit a shard_map body runs op by op (15 s for a bidirectional ring
+#: of 8 here), so not every mesh.
+EAGER_MESHES = ("2-x-auto", "4x2-x-explicit")
+
+CHECKS = (
+    Check(
+        "values",
+        check_values,
+        axes=Axes(case="drawn"),
+        doc="Values and dtype on every shard against numpy float64, on every mesh; drawn dims, dtypes, "
+        "seeds.",
+    ),
+    Check("output_sharding", check_output_sharding, axes=Axes(shapes=True)),
+    Check(
+        "dtype",
+        check_dtype,
+        axes=Axes(shapes=True, dtypes="dtypes"),
+        doc="Every dtype of the spec on every mesh at both fixed shapes: the result and each shard keep it.",
+    ),
+    Check("determinism", check_determinism, axes=Axes(shapes=True)),
+    Check(
+        "eager",
+        check_eager,
+        axes=Axes(meshes=EAGER_MESHES),
+        doc="Called outside ``jax.jit``: the values it gives under jit (odd fixed shape), on every device.",
+    ),
+)

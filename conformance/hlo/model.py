@@ -1,0 +1,179 @@
+"""What the HLO readers return: shapes, collective ops with their groups and multiplicity, and a
+module's summary (bytes a device receives per call)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+
+#: Collective opcodes as HLO spells them (async forms add ``-start``/``-done``).
+COLLECTIVE_KINDS = frozenset(
+    {
+        "all-gather",
+        "all-reduce",
+        "reduce-scatter",
+        "all-to-all",
+        "ragged-all-to-all",
+        "collective-permute",
+        "collective-broadcast",
+    }
+)
+
+_DTYPE_BITS = {
+    "pred": 8,
+    "s2": 2,
+    "u2": 2,
+    "s4": 4,
+    "u4": 4,
+    "s8": 8,
+    "u8": 8,
+    "s16": 16,
+    "u16": 16,
+    "s32": 32,
+    "u32": 32,
+    "s64": 64,
+    "u64": 64,
+    "f16": 16,
+    "bf16": 16,
+    "f32": 32,
+    "f64": 64,
+    "c64": 64,
+    "c128": 128,
+    "f8e4m3fn": 8,
+    "f8e5m2": 8,
+    "f8e4m3": 8,
+    "f8e4m3fnuz": 8,
+    "f8e5m2fnuz": 8,
+    "f8e4m3b11fnuz": 8,
+    "f8e3m4": 8,
+    "f4e2m1fn": 4,
+    "f8e8m0fnu": 8,
+    "token": 0,
+}
+
+
+class HloParseError(ValueError):
+    """HLO or StableHLO text in a form this parser does not know; the message quotes the text."""
+
+
+def _unknown(what: str, text: str) -> HloParseError:
+    return HloParseError(
+        f"conformance.hlo cannot read {what} {text!r}: a form it does not know (a newer XLA may print "
+        "it differently); it refuses rather than guess. Teach conformance/hlo.py the form, with the "
+        "verbatim line as a self-test."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """An HLO array shape such as ``bf16[4,128]``."""
+
+    dtype: str
+    dims: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.ceil(_DTYPE_BITS.get(self.dtype, 0) * math.prod(self.dims) / 8)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.dims))}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveOp:
+    """One collective in a module, with everything a check may ask about it."""
+
+    kind: str  #: e.g. ``collective-permute`` (the ``-start``/``-done`` suffix stripped)
+    phase: str  #: ``sync``, ``start`` or ``done``
+    name: str
+    computation: str
+    operand_shapes: tuple[Shape, ...]
+    result_shapes: tuple[Shape, ...]
+    source_target_pairs: tuple[tuple[int, int], ...] | None = None
+    replica_groups: tuple[tuple[int, ...], ...] | None = None
+    #: Times this op runs per call of the module; ``None`` if a loop bound is unknown.
+    multiplicity: int | None = 1
+
+    @property
+    def operand_bytes(self) -> int:
+        return sum(s.nbytes for s in self.operand_shapes)
+
+    @property
+    def group_size(self) -> int:
+        if self.replica_groups:
+            return max(len(g) for g in self.replica_groups)
+        return 0
+
+    def received_bytes(self, device: int | None = None) -> int:
+        """Bytes one execution of this op delivers to ``device`` (any target if ``None``)."""
+        if self.phase == "done":
+            return 0  # counted once, at the start
+        if self.kind == "collective-permute":
+            if self.source_target_pairs is not None and device is not None:
+                targets = {t for _, t in self.source_target_pairs}
+                if device not in targets:
+                    return 0
+            data = self.operand_shapes[:1] if self.phase == "start" else self.operand_shapes
+            return sum(s.nbytes for s in data)
+        g = self.group_size
+        if self.kind == "all-gather":
+            if g:
+                return self.operand_bytes * (g - 1)
+            result = sum(s.nbytes for s in self.result_shapes)
+            return max(result - self.operand_bytes, 0)
+        frac = (g - 1) / g if g else 1.0
+        if self.kind == "all-reduce":
+            return math.ceil(2 * frac * self.operand_bytes)
+        return math.ceil(frac * self.operand_bytes)
+
+    def describe(self) -> str:
+        shapes = ", ".join(map(str, self.operand_shapes)) or "?"
+        extra = ""
+        if self.source_target_pairs is not None:
+            extra = f" pairs={list(self.source_target_pairs)}"
+        elif self.replica_groups is not None:
+            extra = f" groups={[list(g) for g in self.replica_groups]}"
+        suffix = "" if self.phase == "sync" else f"-{self.phase}"
+        times = "" if self.multiplicity == 1 else f" x{self.multiplicity or '?'}"
+        return f"{self.kind}{suffix}({shapes}){extra}{times} [{self.name}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveSummary:
+    """All collectives of a module and the bytes they deliver per device."""
+
+    ops: tuple[CollectiveOp, ...]
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        return frozenset(op.kind for op in self.ops)
+
+    def of_kind(self, *kinds: str) -> tuple[CollectiveOp, ...]:
+        return tuple(op for op in self.ops if op.kind in kinds)
+
+    def received_bytes_per_device(self) -> int | None:
+        """Max over devices of bytes received per call; ``None`` if a loop bound is unknown."""
+        devices: set[int | None] = {None}
+        for op in self.ops:
+            for src, dst in op.source_target_pairs or ():
+                devices.update((src, dst))
+        if len(devices) > 1:
+            devices.discard(None)
+        worst = 0
+        for device in devices:
+            total = 0
+            for op in self.ops:
+                per_call = op.received_bytes(device)
+                if per_call and op.multiplicity is None:
+                    return None
+                total += per_call * (op.multiplicity or 0)
+            worst = max(worst, total)
+        return worst
+
+
+# ----------------------------------------------------------------------------- compiled HLO
+def disallowed(summary: CollectiveSummary, allowed: Iterable[str]) -> tuple[CollectiveOp, ...]:
+    """The collectives of ``summary`` whose kind is not in ``allowed``."""
+    allowed = frozenset(allowed)
+    return tuple(op for op in summary.ops if op.kind not in allowed)

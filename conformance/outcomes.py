@@ -1,0 +1,92 @@
+"""What one check says about one case: a :class:`CheckOutcome` (verdict, message, records), and
+:func:`run_here`, which runs a check in this process and catches what it raises into one.
+:func:`conformance.run.run_check` is the run path every caller uses; the worker process of
+:mod:`conformance.isolation` calls :func:`run_here` itself.
+
+Verdicts:
+
+``passed``
+    the check ran and found nothing wrong;
+``failed``
+    :class:`~conformance.checks.ConformanceFailure`: the kernel does not conform;
+``skipped``
+    :class:`~conformance.compat.HostLimit`: this host cannot run or lower the case;
+``not_judged``
+    :class:`~conformance.checks.NotJudged`: the check has nothing in this kernel to judge.
+
+Anything else a check raises is a fault of the suite (or of the check's input), not a verdict, and
+propagates. Records a check made travel in the outcome, also when it failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from conformance import checks, compat
+from conformance import session as session_lib
+from conformance.checks.base import Check
+from conformance.runner import Case
+
+#: What a check can say.
+CHECK_VERDICTS = ("passed", "failed", "skipped", "not_judged")
+
+
+@dataclasses.dataclass
+class CheckOutcome:
+    """What one check said about one case."""
+
+    check: str
+    case: Case
+    verdict: str
+    #: The failure's message, or why it was skipped or not judged; ``""`` for a pass.
+    message: str = ""
+    #: A failure's one-line verdict (the summary groups failures by it).
+    what: str | None = None
+    #: The failure as the check raised it (its ``case`` may be a smaller one hypothesis found).
+    failure: checks.ConformanceFailure | None = None
+    #: The records the check made for the run's tables.
+    records: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def skip_reason(self) -> str:
+        """A skip's or a not-judged outcome's reason as a test reports it, naming the implementation."""
+        if self.verdict == "not_judged":
+            return f"{self.case.impl}: not judged: {self.message}"
+        return f"{self.case.impl}: {self.message}"
+
+
+def resolve(check: Check | str) -> Check:
+    """A check by name (one of :data:`conformance.checks.CHECKS`), or the check itself."""
+    if isinstance(check, Check):
+        return check
+    for known in checks.CHECKS.values():
+        if check == known.name or check is known.fn:
+            return known
+    raise ValueError(f"unknown check {check!r}; one of {', '.join(checks.CHECKS)}")
+
+
+def run_here(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
+    """Run ``check`` on ``case`` in this process, with ``session`` active."""
+    with session.active():
+        try:
+            result = check(case)
+        except checks.ConformanceFailure as failure:
+            return CheckOutcome(
+                check.name,
+                case,
+                "failed",
+                str(failure),
+                failure.what,
+                failure,
+                list(getattr(failure, "records", ())),
+            )
+        except compat.HostLimit as limit:
+            return CheckOutcome(
+                check.name, case, "skipped", str(limit), records=list(getattr(limit, "records", ()))
+            )
+        except checks.NotJudged as why:
+            return CheckOutcome(
+                check.name, case, "not_judged", str(why), records=list(getattr(why, "records", ()))
+            )
+    return CheckOutcome(check.name, case, "passed", records=checks.records_of(result))

@@ -1,0 +1,226 @@
+"""The end of a pytest session: each test's outcome into the run log, then the tables, the
+kernel x check matrix, the failures by cause, the JSON and HTML files and the JUnit properties,
+all drawn from that log (:class:`conformance.results.RunLog`)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from conformance import bench, checks, claims, distributed, report, results
+from conformance.fixtures import devices as devices_lib
+from conformance.session import Session
+
+#: The pytest session's :class:`~conformance.session.Session` (settings, state and run log).
+SESSION = pytest.StashKey[Session]()
+#: When the session started (wall clock, monotonic).
+STARTED = pytest.StashKey[tuple]()
+#: The platforms whose tests were selected.
+PLATFORMS = pytest.StashKey[set]()
+#: pytest's exit status, once the session finished.
+EXIT_STATUS = pytest.StashKey[int]()
+
+
+def run_log(config: pytest.Config) -> results.RunLog:
+    """This pytest session's :class:`~conformance.results.RunLog`."""
+    return config.stash[SESSION].log
+
+
+def conformance_failure(error: BaseException | None):
+    """The check's failure inside a test's exception (hypothesis may group several: take the smallest)."""
+    from conformance.checks import ConformanceFailure
+
+    found, caseless, stack = [], [], [error]
+    while stack:
+        e = stack.pop()
+        if e is None:
+            continue
+        if isinstance(e, ConformanceFailure):  # a send_recv check's failure has no family Case
+            (found if e.case is not None else caseless).append(e)
+        stack += [getattr(e, "failure", None), *getattr(e, "exceptions", ())]
+    smallest = min(found, key=lambda f: report.case_size(f.case), default=None)
+    return smallest or next((f for f in caseless if getattr(f, "what", None)), None)
+
+
+def skip_reason(rep: pytest.TestReport) -> str:
+    text = (
+        str(rep.longrepr[2])
+        if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3
+        else str(rep.longrepr or "")
+    )
+    # pytest prefixes "Skipped: " (or the class of a skip subclass, e.g. claims.NotClaimed)
+    return re.sub(r"^(Skipped|[\w.]*NotClaimed): ", "", text)
+
+
+def _is_not_claimed(rep: pytest.TestReport) -> bool:
+    return rep.skipped and not hasattr(rep, "wasxfail") and skip_reason(rep).startswith(claims.NOT_CLAIMED)
+
+
+def _outcome_of(rep: pytest.TestReport) -> str | None:
+    """The results-model outcome one phase's report gives (``None``: the phase says nothing)."""
+    if rep.failed:
+        text = str(rep.longrepr or "")
+        return "xpassed" if rep.when == "call" and text.startswith("[XPASS(strict)]") else "failed"
+    if rep.skipped:
+        if hasattr(rep, "wasxfail"):
+            return "xfailed"
+        return "not_claimed" if _is_not_claimed(rep) else "skipped"
+    if rep.when == "call":
+        return "xpassed" if hasattr(rep, "wasxfail") else "passed"
+    return None
+
+
+class OutcomeRecorder:
+    """Writes each test's outcome into the run log (registered at configure: this hook gets no config)."""
+
+    def __init__(self, log: results.RunLog) -> None:
+        self.log = log
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = dict(report.user_properties)
+        if "conformance_id" not in props:
+            return
+        got = _outcome_of(report)
+        if got is None:
+            return
+        prior = self.log.outcomes.get(report.nodeid)
+        if prior is not None and prior.outcome in ("failed", "xpassed"):
+            return  # a teardown does not undo a failure
+        if report.failed or report.skipped:
+            message = skip_reason(report) if report.skipped and got != "xfailed" else str(report.longreprtext)
+        else:
+            message = ""
+        self.log.outcomes[report.nodeid] = results.Outcome(
+            id=props["conformance_id"],
+            nodeid=report.nodeid,
+            outcome=got,
+            message=message[:8000],
+            case=props.get("case"),
+            replay=props.get("replay"),
+            duration_s=round(report.duration + (prior.duration_s if prior else 0.0), 4),
+            xfail_reason=getattr(report, "wasxfail", None) or None,
+        )
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    """A case the kernel does not claim is its own category: ``n`` / NOT CLAIMED, counted apart."""
+    if _is_not_claimed(report):
+        return "not claimed", "n", ("NOT CLAIMED", {"yellow": True})
+    return None
+
+
+def outcomes(log: results.RunLog) -> list[results.Outcome]:
+    """Every outcome of this run, with the parts of its id filled in."""
+    out = []
+    for nodeid, o in log.outcomes.items():
+        meta = log.item_meta.get(nodeid, {})
+        for key in ("family", "impl", "check", "mesh", "platform", "dtype", "shape", "dma_mode"):
+            setattr(o, key, meta.get(key))
+        out.append(o)
+    return out
+
+
+def tables(log: results.RunLog) -> list[results.Table]:
+    """Every table of this run: each check's, from its records, in the order of the checks; then
+    the benchmarks'."""
+    made = []
+    for check in checks.CHECKS.values():
+        records = log.records.get(check.name, [])
+        if check.tables is not None and records:
+            made += [results.Table(title, lines, records) for title, lines in check.tables(records)]
+    benchmarks = log.records.get(bench.SOURCE, [])
+    made += [
+        results.Table(title, lines, [r for r in benchmarks if r.family in title])
+        for title, lines in bench.tables(benchmarks)
+    ]
+    return made
+
+
+def _missing_backends(config: pytest.Config) -> list[str]:
+    """Lines for each platform whose tests were selected but whose backend this host lacks."""
+    lines = []
+    for platform in sorted(config.stash.get(PLATFORMS, set())):
+        if devices_lib.has_platform(platform):
+            continue
+        every = outcomes(run_log(config))
+        ran = [o for o in every if o.platform == platform and o.outcome in ("passed", "failed")]
+        skipped = sum(o.platform == platform and o.outcome == "skipped" for o in every)
+        host = devices_lib.describe_host()
+        lines.append(
+            f"no {platform} backend on this host ({host}): {skipped} {platform} tests skipped, "
+            f"{len(ran)} ran; --require-backend={platform} makes this a failure"
+        )
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    tr = terminalreporter
+    if distributed.is_multi_process() and distributed.rank_and_size()[0] != 0:
+        rank, size = distributed.rank_and_size()
+        tr.write_line(f"rank {rank} of {size}: the tables, matrix and failure summary are printed by rank 0")
+        return
+    log = run_log(config)
+    for table in tables(log):
+        tr.section(table.title)
+        for line in table.lines:
+            tr.write_line(line)
+    lines = results.matrix_lines(outcomes(log))
+    if lines:
+        tr.section("conformance matrix: implementation x check")
+        for line in lines:
+            tr.write_line(line)
+    lines = report.summarize(log.verdicts)
+    if lines:
+        tr.section("conformance failures by implementation: each cause once, smallest failing case first")
+        for line in lines:
+            tr.write_line(line)
+    if log.stale:
+        tr.section("stale known-failure lines: they match no collected test")
+        for s in log.stale:
+            tr.write_line(f"{s['file']}:{s['line']}: {s['pattern']}  ({s['kind']})")
+    for line in _missing_backends(config):
+        tr.write_line(line, yellow=True, bold=True)
+    for option in ("conformance_json", "conformance_html"):
+        path = config.getoption(option)
+        if path and log.outcomes:
+            tr.write_line(f"conformance: wrote {path}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    config = session.config
+    config.stash[EXIT_STATUS] = int(exitstatus)
+    log = run_log(config)
+    if not log.outcomes:
+        return
+    made = tables(log)
+    xml = _junit_xml(config)
+    if xml is not None:  # the tables reach JUnit as testsuite properties
+        for table in made:
+            xml.add_global_property(f"conformance: {table.title}", "\n".join(table.lines))
+    json_path, html_path = config.getoption("conformance_json"), config.getoption("conformance_html")
+    if not (json_path or html_path) or (distributed.is_multi_process() and distributed.rank_and_size()[0]):
+        return  # in a multi-process job rank 0 writes them
+    started, t0 = config.stash[STARTED]
+    document = results.to_json(
+        outcomes(log),
+        made,
+        started=started,
+        duration_s=time.monotonic() - t0,
+        stale=log.stale,
+        command=results.command_line(),
+    )
+    if json_path:
+        results.write_json(json_path, document)
+    if html_path:
+        results.write_html(html_path, document)
+
+
+def _junit_xml(config: pytest.Config):
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover - pytest moved it
+        return None
+    return config.stash.get(xml_key, None)

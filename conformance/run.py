@@ -1,0 +1,82 @@
+"""The one run path: :func:`run_check` runs one check on one case and returns its
+:class:`~conformance.outcomes.CheckOutcome` (verdict, message, records). The pytest tests,
+absltest and the replay command call it, and each translates the outcome its own way (a pytest
+failure or skip, ``self.fail``/``skipTest``, an exit status); a Pallas kernel on CPU is checked in
+the worker process (:mod:`conformance.isolation`), which answers with the same outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from conformance import checks, compat, distributed, isolation
+from conformance import session as session_lib
+from conformance.checks.base import Check
+from conformance.outcomes import CheckOutcome, resolve, run_here
+from conformance.runner import Case
+
+
+def run_check(check: Check | str, case: Case, session: session_lib.Session | None = None) -> CheckOutcome:
+    """Run one check on one case: in the worker process where isolation applies (a Pallas kernel in
+    interpret mode on CPU), else here; in a multi-process job, the verdict every rank agrees on.
+
+    ``session``: the run's (default: the active one, else a fresh one that ends with this call).
+    """
+    check = resolve(check)
+    owned = session is None and session_lib.active_or_none() is None
+    session = session or session_lib.current()
+    try:
+        outcome = _run(check, case, session)
+    finally:
+        if owned:
+            session.close()
+    if distributed.is_multi_process():
+        outcome = agreed(outcome)
+    return outcome
+
+
+def _run(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
+    if not isolation.applies(case, session.settings):
+        return run_here(check, case, session)
+    if distributed.is_multi_process():
+        if session.settings.isolation != "process":
+            raise compat.HostCannotRun(
+                f"{case.impl}: a Pallas interpret check in a multi-process job runs "
+                "only in the worker (process-local); --isolation=off cannot"
+            )
+        if distributed.rank_and_size()[0] != 0:
+            # Interpret mode cannot run a kernel across processes: rank 0's worker runs it on a
+            # process-local mesh, and this rank takes that verdict (:func:`agreed`).
+            return CheckOutcome(check.name, case, "passed")
+    return isolation.run_in_worker(check, case, session)
+
+
+def agreed(outcome: CheckOutcome) -> CheckOutcome:
+    """Agree across the ranks of a job: a failure on any rank fails the check on every rank, with
+    every failing rank's own message (identical ones once, with their ranks); otherwise a skip (or
+    not-judged) on any rank is every rank's. Each rank keeps its own records."""
+    mine: dict[str, Any] = {"verdict": outcome.verdict, "message": outcome.message}
+    if outcome.failure is not None:
+        mine.update(what=outcome.failure.what, check=outcome.failure.check or outcome.check)
+    verdicts = [json.loads(v) for v in distributed.exchange("verdict", json.dumps(mine))]
+    size = len(verdicts)
+    failed = [(r, v) for r, v in enumerate(verdicts) if v["verdict"] == "failed"]
+    if failed:
+        _, first = failed[0]
+        messages = distributed.by_message([(r, v["message"]) for r, v in failed], size)
+        ranks = ", ".join(str(r) for r, _ in failed)
+        failure = checks.ConformanceFailure("\n".join([*messages, f"  failed on ranks: {ranks} of {size}"]))
+        # a family check's case (a transfer's failure has none: its tests replay through pytest)
+        case = outcome.case if isinstance(outcome.case, Case) else None
+        failure.case, failure.check, failure.what = case, first["check"], first["what"]
+        return dataclasses.replace(
+            outcome, verdict="failed", message=str(failure), what=first["what"], failure=failure
+        )
+    if outcome.verdict in ("skipped", "not_judged"):
+        return outcome
+    others = [v for v in verdicts if v["verdict"] in ("skipped", "not_judged")]
+    if others:
+        return dataclasses.replace(outcome, verdict=others[0]["verdict"], message=others[0]["message"])
+    return outcome

@@ -1,0 +1,110 @@
+"""A run's settings and state, passed down as objects: never assigned into other modules' globals.
+
+:class:`Settings` are the bounds a user sets (``--hang-timeout``, ``--check-timeout``,
+``--isolation``). A :class:`Session` is one run's state: its settings, the kernels that hung
+(their later checks fail at once instead of hanging again), and the worker process that checks
+Pallas kernels on CPU (:mod:`conformance.isolation`). The pytest plugin keeps one in
+``config.stash`` for the whole session; absltest's ``main``, the replay command and the worker
+process each make their own.
+
+:func:`conformance.outcomes.run_check` makes its session the active one for the duration of one
+check (:meth:`Session.active`, undone when the check returns), which is how the watchdog deep in
+:mod:`conformance.runner` reads the hang timeout of this run and not of another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: Where a Pallas kernel on CPU is checked: "process" (a worker process that can be stopped
+#: whatever hangs) or "off" (this process).
+ISOLATION_MODES = ("process", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The bounds of a run (each has a command-line option of the same name)."""
+
+    #: Seconds a Pallas kernel may run in interpret mode before the watchdog stops it.
+    hang_timeout_s: float = 20.0
+    #: Seconds a stopped kernel has to unwind after the watchdog's abort before it counts as
+    #: unstoppable (a thread stuck below Python, where no flag or semaphore reaches it).
+    abort_grace_s: float = 10.0
+    #: Seconds one check of a Pallas kernel (compiles and runs) may take in the worker process.
+    check_timeout_s: float = 300.0
+    #: :data:`ISOLATION_MODES`.
+    isolation: str = "process"
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATION_MODES:
+            raise ValueError(f"isolation {self.isolation!r} is not one of {ISOLATION_MODES}")
+        for name in ("hang_timeout_s", "abort_grace_s", "check_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, not {getattr(self, name)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hang:
+    """A kernel that hung this run: the one-line verdict, and the case it hung on."""
+
+    what: str
+    where: str
+
+
+class Session:
+    """One run's settings and state."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        on_unstoppable: Callable[[Any, list[Any]], None] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        #: (family, implementation) -> how it hung; its later checks fail at once.
+        self.hung: dict[tuple[str, str], Hang] = {}
+        #: Called from the watchdog's thread with the case and the stuck threads' stacks when a
+        #: kernel the watchdog stopped has not unwound; it must not return. ``None``: say where the
+        #: threads are stuck and end the process (:func:`conformance.runner.end_process`).
+        self.on_unstoppable = on_unstoppable
+        #: The worker process of :mod:`conformance.isolation`, started at first use.
+        self.worker: Any = None
+        #: Where a pytest session keeps its results (:class:`conformance.results.RunLog`); ``None``
+        #: for a run that reports each outcome as it comes (absltest, replay, the worker).
+        self.log: Any = None
+
+    def activate(self) -> Callable[[], None]:
+        """Make this session :func:`current`; returns the closure that undoes it."""
+        token = _ACTIVE.set(self)
+        return lambda: _ACTIVE.reset(token)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Session]:
+        """This session is :func:`current` inside the block, and the one before it after."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def close(self) -> None:
+        """Stop the worker process, if one was started."""
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+_ACTIVE: contextvars.ContextVar[Session | None] = contextvars.ContextVar("conformance_session", default=None)
+
+
+def current() -> Session:
+    """The active session; outside any, a fresh one with the default settings (remembering nothing)."""
+    return _ACTIVE.get() or Session()
+
+
+def active_or_none() -> Session | None:
+    return _ACTIVE.get()
