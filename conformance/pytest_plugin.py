@@ -70,7 +70,7 @@ from conformance import (
 )
 from conformance.checks.base import Axes
 from conformance.fixtures import devices as devices_lib
-from conformance.fixtures import meshes
+from conformance.fixtures import meshes, pytest_fixtures
 from conformance.plugin_report import (
     PLATFORMS,
     SESSION,
@@ -232,6 +232,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_DevicesAfterCollection(), "conformance-devices")
     config.pluginmanager.register(plugin_report.OutcomeRecorder(session.log), "conformance-outcomes")
     config.pluginmanager.register(plugin_report, "conformance-report")  # its hooks: the end of the run
+    config.pluginmanager.register(pytest_fixtures, "conformance-fixtures")
     for module in ["conformance.kernels", *kernel_modules(config)]:
         try:
             importlib.import_module(module)
@@ -252,43 +253,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 _UNDO = pytest.StashKey[Callable[[], None]]()
 
 
-@pytest.fixture(scope="session")
-def conformance_session(request: pytest.FixtureRequest) -> Session:
-    """This pytest session's :class:`~conformance.session.Session`: the settings the checks run
-    under, and the run log their outcomes join (:func:`conformance.family_tests.run`)."""
-    return request.config.stash[SESSION]
-
-
-@pytest.fixture(scope="module")
-def family(request: pytest.FixtureRequest) -> str:
-    return request.module.FAMILY
-
-
-@pytest.fixture
-def conformance_mesh(conformance_mesh_config: meshes.MeshConfig):
-    """A ``jax.sharding.Mesh`` over this host's CPU devices, one per standard mesh (or per label of
-    the test's ``conformance_meshes`` marker). ``conformance_mesh_config`` (a parameter a test may
-    take too) is its :class:`~conformance.fixtures.meshes.MeshConfig`, what a ``Case`` needs."""
-    return meshes.build_mesh(conformance_mesh_config, "cpu")
-
-
-def _mesh_configs_for(metafunc: pytest.Metafunc) -> tuple[meshes.MeshConfig, ...]:
-    marker = metafunc.definition.get_closest_marker("conformance_meshes")
-    if marker is None:
-        return meshes.MESH_CONFIGS
-    if not marker.args:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: conformance_meshes() names no mesh label")
-    return tuple(meshes.parse_mesh(label) for label in marker.args)
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "conformance_mesh_config" in metafunc.fixturenames:
-        configs = _mesh_configs_for(metafunc)
-        metafunc.parametrize(
-            "conformance_mesh_config",
-            [pytest.param(c, marks=pytest.mark.cpu) for c in configs],
-            ids=[c.label for c in configs],
-        )
     if not hasattr(metafunc.module, "FAMILY"):
         return  # only family test modules take the suite's parameters
     names = metafunc.fixturenames
