@@ -84,11 +84,9 @@ class Implementation:
     #: Modules it needs at run time (e.g. ``("cupy",)``); where one cannot be imported its checks
     #: skip naming the module and the import error.
     requires: tuple[str, ...] = ()
-    #: send_recv: it accepts ``timeout=`` (seconds) and raises ``TimeoutError`` naming the peer.
-    accepts_timeout: bool = False
-    #: send_recv: a callable returning counters of what it holds (``{"streams": 2, ...}``); the
-    #: resources check asserts none grows over repeated calls, beside threads and file descriptors.
-    resources: Callable[[], Mapping[str, int]] | None = None
+    #: The family's own registration keywords (its spec's ``registration_options``), every one
+    #: present: what it passed, else the option's default.
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def missing_requirement(self) -> str | None:
         """``None`` if every module of :attr:`requires` imports, else which one and why not."""
@@ -143,6 +141,26 @@ def _known_families() -> tuple[str, ...]:
     return tuple(specs.FAMILIES)
 
 
+def _family_options(family: str, name: str, given: Mapping[str, object]) -> dict[str, object]:
+    """``given`` checked against the family's registration options, the others at their defaults."""
+    from conformance import specs
+
+    declared = getattr(specs.get(family), "registration_options", {})
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        offered = ", ".join(declared) or "none"
+        raise TypeError(
+            f"register({family!r}, name={name!r}): unexpected keyword(s) {unknown}; "
+            f"the {family} family's own are: {offered}"
+        )
+    for key, value in given.items():
+        if not declared[key].accepts(value):
+            raise TypeError(
+                f"register({family!r}, name={name!r}): {key} must be {declared[key].expects}, got {value!r}"
+            )
+    return {key: given.get(key, option.default) for key, option in declared.items()}
+
+
 def register(
     family: str,
     *,
@@ -156,8 +174,7 @@ def register(
     platforms: tuple[str, ...] | None = None,
     supports: Supports | None = None,
     requires: tuple[str, ...] = (),
-    accepts_timeout: bool = False,
-    resources: Callable[[], Mapping[str, int]] | None = None,
+    **options: object,
 ) -> Callable[[F], F]:
     """Register ``fn`` as an implementation of ``family`` under ``name``; returns ``fn`` unchanged.
 
@@ -174,9 +191,9 @@ def register(
     (draws and fixed shapes adapt) and report the others as not claimed. ``requires`` names
     modules it imports at run time (its checks skip, naming the module, where one is missing).
 
-    ``send_recv`` only: ``accepts_timeout=True`` opts into the timeout check; ``resources`` is a
-    callable returning counters of what the implementation holds (streams, communicators), which
-    must not grow over repeated calls.
+    ``options``: the keywords the family's spec adds (``registration_options``), e.g. the
+    point-to-point family's ``accepts_timeout=True`` (opts into the timeout check) and
+    ``resources=`` (counters of what the implementation holds, which must not grow).
     """
     registered_by = _caller_module()
     if lowering_targets is None:
@@ -210,8 +227,7 @@ def register(
         raise TypeError(
             f"register({family!r}, name={name!r}): requires must be a tuple of module names, got {requires!r}"
         )
-    if resources is not None and not callable(resources):
-        raise TypeError(f"register({family!r}, name={name!r}): resources must be callable, got {resources!r}")
+    options = _family_options(family, name, options)
 
     def decorator(fn: F) -> F:
         if not callable(fn):
@@ -230,8 +246,7 @@ def register(
             supports=supports,
             registered_by=registered_by,
             requires=tuple(requires),
-            accepts_timeout=accepts_timeout,
-            resources=resources,
+            options=options,
         )
         existing = _REGISTRY.setdefault(family, {}).get(name)
         if existing is not None and existing.fn is not fn:

@@ -180,7 +180,7 @@ def test_timeout(request, implementation: str, platform: str, route: Route) -> N
     """Where claimed (``accepts_timeout``), in a job: receivers alone call with ``timeout=1`` and get
     ``TimeoutError`` naming the peer within seconds; a transfer by every rank then works."""
     impl = registry.get(FAMILY, implementation)
-    if not impl.accepts_timeout:
+    if not impl.options["accepts_timeout"]:
         raise claims.NotClaimed(implementation, "does not accept timeout= (not declared at registration)")
     if not distributed.is_multi_process():
         pytest.skip(

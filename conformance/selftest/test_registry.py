@@ -34,6 +34,23 @@ def test_unknown_family_is_refused_with_the_known_ones() -> None:
         conformance.register("allgather_matmull", name="x")
 
 
+def test_a_family_s_own_registration_keywords_are_its_spec_s() -> None:
+    """A keyword another family declares is refused naming this family's own; a wrong value naming
+    what it must be; one not passed takes its default."""
+    with pytest.raises(
+        TypeError,
+        match=r"unexpected keyword\(s\) \['accepts_timeout'\]; the all_gather family's own are: none",
+    ):
+        conformance.register("all_gather", name="selftest_options", accepts_timeout=True)
+    with pytest.raises(TypeError, match="resources must be a callable returning counters"):
+        conformance.register("send_recv", name="selftest_options", resources=3)
+    assert registry.get("send_recv", "xla_device_put").options == {
+        "accepts_timeout": False,
+        "resources": None,
+    }
+    assert registry.get("send_recv", "jax_transfer_server").options["resources"] is not None
+
+
 def test_a_name_taken_by_another_function_is_refused() -> None:
     @conformance.register("allgather_matmul", name="selftest_duplicate_name")
     def first(lhs, rhs, *, mesh, axis_name): ...

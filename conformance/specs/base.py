@@ -46,6 +46,20 @@ class BadInput:
     must_mention: tuple[str, ...]  #: substrings the error message must contain
 
 
+@dataclasses.dataclass(frozen=True)
+class RegistrationOption:
+    """A keyword a family's implementations may pass to ``conformance.register`` beyond the common
+    ones (the spec lists them; the registry knows none of its own)."""
+
+    #: What an implementation that does not pass it gets.
+    default: object
+    #: Whether a value is acceptable, and what an acceptable one is (for the error message).
+    accepts: Callable[[object], bool]
+    expects: str
+    #: What it declares, for ``register``'s error messages and the docs.
+    doc: str
+
+
 #: The fixed-shape checks' two shapes: the canonical one (an odd dim) and its even twin.
 FIXED_SHAPES = ("odd", "even")
 
@@ -116,6 +130,9 @@ class FamilySpec:
     #: 128). A Pallas kernel may refuse other shapes on a TPU (naming the
     #: constraint) but must accept these; ``pytest -m tpu`` runs Pallas kernels here.
     tpu_native_dims: Mapping[str, int] | None = None
+
+    #: Keywords this family's implementations may pass to ``conformance.register``.
+    registration_options: Mapping[str, RegistrationOption] = dataclasses.field(default_factory=dict)
 
     #: The values hypothesis draws each dim from, and that the TPU layout audit moves each dim of
     #: the TPU-native dims to; a dim not listed draws from :data:`DEFAULT_DIM_VALUES`.

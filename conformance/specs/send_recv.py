@@ -19,8 +19,11 @@ truth is the source's bytes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
+
+from conformance.specs.base import RegistrationOption
 
 #: The float8 variants; those a JAX release lacks are left out by :func:`available_dtypes`.
 FLOAT8_DTYPES = (
@@ -71,6 +74,8 @@ class PointToPointSpec:
     summary: str
     dtypes: tuple[str, ...]
     signature_text: str
+    #: Keywords this family's implementations may pass to ``conformance.register``.
+    registration_options: Mapping[str, RegistrationOption] = dataclasses.field(default_factory=dict)
 
     def signature(self, axis_name: str = "axis") -> str:
         return self.signature_text
@@ -81,4 +86,19 @@ SEND_RECV = PointToPointSpec(
     summary="fn(x, *, dst): every shard of x to the same position of dst's devices, bitwise",
     dtypes=DTYPES,
     signature_text="x NamedSharding(src mesh, spec) -> dst: each block on the device at the same position",
+    registration_options={
+        "accepts_timeout": RegistrationOption(
+            default=False,
+            accepts=lambda v: isinstance(v, bool),
+            expects="True or False",
+            doc="it accepts timeout= (seconds) and raises TimeoutError naming the peer: opts into the "
+            "timeout check",
+        ),
+        "resources": RegistrationOption(
+            default=None,
+            accepts=lambda v: v is None or callable(v),
+            expects="a callable returning counters ({'streams': 2, ...}) or None",
+            doc="what it holds (streams, communicators), which must not grow over repeated calls",
+        ),
+    },
 )

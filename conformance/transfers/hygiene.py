@@ -26,7 +26,7 @@ WARMUP_CALLS, COUNTED_CALLS = 3, 50
 
 def check_resources(t: Transfer) -> None:
     """After warm-up, 50 more calls open no new threads, descriptors, streams or communicators."""
-    declared: Callable[[], Mapping[str, int]] = t.implementation.resources or dict
+    declared: Callable[[], Mapping[str, int]] = t.implementation.options["resources"] or dict
     for _ in range(WARMUP_CALLS):
         t.call("resources")
     before = {**open_resources(), **declared()}
