@@ -37,7 +37,8 @@ class CheckOutcome:
     """What one check said about one case."""
 
     check: str
-    case: Case
+    #: The case checked: a :class:`~conformance.runner.Case`, or a send_recv transfer.
+    case: Case | Any
     verdict: str
     #: The failure's message, or why it was skipped or not judged; ``""`` for a pass.
     message: str = ""

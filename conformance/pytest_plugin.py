@@ -77,6 +77,7 @@ from conformance.plugin_report import (
     STARTED,
     run_log,
 )
+from conformance.runner import Case
 from conformance.session import ISOLATION_MODES, Session, Settings
 from conformance.specs.base import FIXED_SHAPES
 
@@ -475,7 +476,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
     note("conformance_id", meta["id"])
     noted = run_log(item.config).last_check.get(item.nodeid)
-    if noted is not None and rep.when == "call":
+    if noted is not None and rep.when == "call" and isinstance(noted.case, Case):  # (a transfer has none)
         note("case", noted.case.token)
         note("replay", noted.case.replay_command(noted.check))
     params = getattr(getattr(item, "callspec", None), "params", {})

@@ -10,16 +10,16 @@ platform has skips, naming both counts.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import claims, distributed, family_tests, registry, results, transfers
-from conformance.checks import ConformanceFailure
+from conformance import claims, distributed, family_tests, plugin_report, registry, results, transfers
+from conformance.checks.base import Check
 from conformance.fixtures import devices as devices_lib
-from conformance.outcomes import CheckOutcome
-from conformance.run import agreed
+from conformance.run import run_check
 from conformance.specs import SEND_RECV
 from conformance.transfers import LAYOUT_NAMES, ROUTES, Layout, Route, Transfer
 
@@ -69,25 +69,25 @@ def transfer(
     return t.prepare(devices_lib.devices_of(platform))
 
 
-def run(check, t: Transfer, *args) -> None:
-    """Run one check; in a multi-process job the verdict is agreed across ranks first."""
+def run(request: pytest.FixtureRequest, check: Callable[..., None], t: Transfer, *args: object) -> None:
+    """Run one check on the run path every check takes (:func:`conformance.run.run_check`: in a
+    multi-process job the verdict is agreed across ranks); its outcome joins the session's log."""
     name = check.__name__.removeprefix("check_")
-    outcome = CheckOutcome(name, t, "passed")
-    try:
-        check(t, *args)
-    except ConformanceFailure as failure:
-        outcome = CheckOutcome(name, t, "failed", str(failure), failure.what, failure)
-    if distributed.is_multi_process():
-        outcome = agreed(outcome)
+    session = request.config.stash[plugin_report.SESSION]
+    outcome = run_check(Check(name, lambda case: check(case, *args)), t, session)
+    if session.log is not None:
+        session.log.add(outcome)
     if outcome.verdict == "failed":
         raise family_tests.CheckFailed(outcome.failure)
+    if outcome.verdict in ("skipped", "not_judged"):
+        pytest.skip(outcome.skip_reason)
 
 
 @routes
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
 def test_values(request, implementation: str, platform: str, route: Route, layout: str, dtype: str) -> None:
     """Bitwise, shard by shard: random bit patterns with -0.0, infinities, NaN payloads, subnormals."""
-    run(transfers.check_values, transfer(request, implementation, platform, route, layout, dtype))
+    run(request, transfers.check_values, transfer(request, implementation, platform, route, layout, dtype))
 
 
 @routes
@@ -105,20 +105,25 @@ def test_values_drawn(request, implementation: str, platform: str, route: Route,
     seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
     axes = route.axis_names
     layout = Layout("drawn", (per_shard * route.size, *rest), transfers.P(axes if len(axes) > 1 else axes[0]))
-    run(transfers.check_values, transfer(request, implementation, platform, route, layout, dtype, seed))
+    run(
+        request,
+        transfers.check_values,
+        transfer(request, implementation, platform, route, layout, dtype, seed),
+    )
 
 
 @routes
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
 def test_sharding(request, implementation: str, platform: str, route: Route, layout: str) -> None:
     """The result lies on ``dst``: its devices in its order, spec and memory kind; each shard at its index."""
-    run(transfers.check_sharding, transfer(request, implementation, platform, route, layout))
+    run(request, transfers.check_sharding, transfer(request, implementation, platform, route, layout))
 
 
 @routes
 def test_source_intact(request, implementation: str, platform: str, route: Route) -> None:
     """``x`` is neither deleted nor changed by three transfers."""
     run(
+        request,
         transfers.check_source_intact,
         transfer(request, implementation, platform, route, "matrix", "bfloat16"),
     )
@@ -135,10 +140,10 @@ def test_bad_destination(request, implementation: str, platform: str, route: Rou
     if dst is None:
         pytest.skip(f"{implementation}: {what}")
     if transfers.same_placement(t, dst):
-        run(transfers.check_same_placement, t, f"{what} (the same placement)", dst)
+        run(request, transfers.check_same_placement, t, f"{what} (the same placement)", dst)
     else:
-        run(transfers.check_bad_destination, t, what, dst, must)
-    run(transfers.check_values, t)
+        run(request, transfers.check_bad_destination, t, what, dst, must)
+    run(request, transfers.check_values, t)
 
 
 #: The 2-D routes: only there can a destination keep every shard's shape and map blocks otherwise.
@@ -154,20 +159,20 @@ def test_block_map(request, implementation: str, platform: str, route: Route, bl
     layout, _ = transfers.BLOCK_MAPS[block_map]
     t = transfer(request, implementation, platform, route, layout)
     what, dst, must = transfers.other_block_map(t, block_map)
-    run(transfers.check_block_map, t, what, dst, must)
-    run(transfers.check_values, t)
+    run(request, transfers.check_block_map, t, what, dst, must)
+    run(request, transfers.check_values, t)
 
 
 @few_routes
 def test_resources(request, implementation: str, platform: str, route: Route) -> None:
     """50 calls after warm-up open no threads, file descriptors, streams or communicators."""
-    run(transfers.check_resources, transfer(request, implementation, platform, route))
+    run(request, transfers.check_resources, transfer(request, implementation, platform, route))
 
 
 @few_routes
 def test_no_pickle(request, implementation: str, platform: str, route: Route) -> None:
     """No pickle load during a transfer; no pickle stream written to the key-value store."""
-    run(transfers.check_no_pickle, transfer(request, implementation, platform, route))
+    run(request, transfers.check_no_pickle, transfer(request, implementation, platform, route))
 
 
 #: The timeout check's routes: out of process 0 and back into it (in 2 x 4 every rank is one or
@@ -187,4 +192,4 @@ def test_timeout(request, implementation: str, platform: str, route: Route) -> N
             f"{implementation}: the timeout check needs a job of 2 or more processes, where one "
             "side can stay away (python -m conformance launch --processes 2 ...)"
         )
-    run(transfers.check_timeout, transfer(request, implementation, platform, route))
+    run(request, transfers.check_timeout, transfer(request, implementation, platform, route))
