@@ -119,7 +119,8 @@ class Worker:
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         ready = self._answer(START_TIMEOUT_S)
         if ready is None or "registered" not in ready:
             tail = self.stderr_tail()
@@ -172,6 +173,9 @@ class Worker:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.stop(dump_stacks=False)
+        self.reader.join(timeout=5)  # it reads to the end of the stream the exited worker closed
+        if not self.reader.is_alive():
+            self.proc.stdout.close()
         self.stderr.close()
 
     def check(self, name: str, case: Case, session: session_lib.Session) -> CheckOutcome:
