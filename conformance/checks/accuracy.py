@@ -64,6 +64,26 @@ def baseline_of(family: str) -> str:
     return found[0]
 
 
+def _measured(
+    case: Case, baseline: str, out: object, base_out: object, exact: np.ndarray, gradient: str = ""
+) -> AccuracyRecord:
+    """The rms and largest errors of ``out`` and of the baseline's ``base_out`` against ``exact``."""
+    err = runner.global_value(out).astype(np.float64) - exact
+    base_err = runner.global_value(base_out).astype(np.float64) - exact
+    return AccuracyRecord(
+        case.family,
+        case.impl,
+        baseline,
+        case.mesh.label,
+        case.dtype,
+        float(np.sqrt(np.mean(err**2))),
+        float(np.sqrt(np.mean(base_err**2))),
+        float(np.max(np.abs(err))),
+        float(np.max(np.abs(base_err))),
+        gradient=gradient,
+    )
+
+
 def check_accuracy(case: Case) -> AccuracyRecord:
     """The implementation's rms error is no worse than the baseline's on the same inputs.
 
@@ -80,19 +100,7 @@ def check_accuracy(case: Case) -> AccuracyRecord:
     base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
     _, base_out = call_kernel(case, "accuracy", lambda: runner.execute(base_case, inputs=inputs))
     exact = case.spec.expected(inputs64, axis_size=case.mesh.axis_size)
-    err = runner.global_value(out).astype(np.float64) - exact
-    base_err = runner.global_value(base_out).astype(np.float64) - exact
-    record = AccuracyRecord(
-        case.family,
-        case.impl,
-        baseline,
-        case.mesh.label,
-        case.dtype,
-        float(np.sqrt(np.mean(err**2))),
-        float(np.sqrt(np.mean(base_err**2))),
-        float(np.max(np.abs(err))),
-        float(np.max(np.abs(base_err))),
-    )
+    record = _measured(case, baseline, out, base_out, exact)
     with keeping([record]):
         limit = tolerances.ACCURACY_RATIO_LIMIT
         if not record.ratio <= limit:
@@ -133,22 +141,7 @@ def check_backward_accuracy(case: Case) -> list[AccuracyRecord]:
     for operand, grad, base_grad, exact in zip(
         spec.operands, grads, base_grads, spec.vjp_reference(*inputs64, ct64), strict=True
     ):
-        err = runner.global_value(grad).astype(np.float64) - exact
-        base_err = runner.global_value(base_grad).astype(np.float64) - exact
-        records.append(
-            AccuracyRecord(
-                case.family,
-                case.impl,
-                baseline,
-                case.mesh.label,
-                case.dtype,
-                float(np.sqrt(np.mean(err**2))),
-                float(np.sqrt(np.mean(base_err**2))),
-                float(np.max(np.abs(err))),
-                float(np.max(np.abs(base_err))),
-                gradient=f"d_{operand.name}",
-            )
-        )
+        records.append(_measured(case, baseline, grad, base_grad, exact, gradient=f"d_{operand.name}"))
     with keeping(records):
         limit = tolerances.ACCURACY_RATIO_LIMIT
         worse = [r for r in records if not r.ratio <= limit]
