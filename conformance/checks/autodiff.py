@@ -166,15 +166,7 @@ def check_backward_collectives(case: Case) -> ByteRecord:
     n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
     received = summary.received_bytes_per_device()
     bound = spec.backward_max_received_bytes(case.dims_map, n, itemsize)
-    record = ByteRecord(
-        case.family,
-        case.impl,
-        case.mesh.label,
-        case.dtype,
-        received,
-        bound,
-        tuple(op.describe() for op in summary.ops),
-    )
+    record = ByteRecord.of(case, summary, bound)
     if impl.baseline:
         return record
     with keeping([record]):

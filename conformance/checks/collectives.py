@@ -34,6 +34,16 @@ class ByteRecord:
     lower_bound: int
     collectives: tuple[str, ...]
 
+    @classmethod
+    def of(
+        cls, case: Case, summary: hlo.CollectiveSummary, bound: int, *, where: str | None = None
+    ) -> ByteRecord:
+        """The record of ``summary``, one module of ``case`` (``where``: its mesh, or what else
+        names the module), against ``bound``."""
+        ops = tuple(op.describe() for op in summary.ops)
+        mesh = where or case.mesh.label
+        return cls(case.family, case.impl, mesh, case.dtype, summary.received_bytes_per_device(), bound, ops)
+
     @property
     def ratio(self) -> float | None:
         if self.received is None or not self.lower_bound:
@@ -62,16 +72,7 @@ def check_collectives(case: Case) -> ByteRecord | None:
     spec, impl = case.spec, case.implementation
     summary = compiled_collectives(case)
     n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
-    received = summary.received_bytes_per_device()
-    record = ByteRecord(
-        case.family,
-        case.impl,
-        case.mesh.label,
-        case.dtype,
-        received,
-        spec.min_received_bytes(case.dims_map, n, itemsize),
-        tuple(op.describe() for op in summary.ops),
-    )
+    record = ByteRecord.of(case, summary, spec.min_received_bytes(case.dims_map, n, itemsize))
     kept = None if impl.pallas else record
     if impl.baseline:
         return kept
@@ -153,15 +154,7 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
                 continue
             summary = hlo.parse_stablehlo(lowered.as_text())
             received, bound = summary.received_bytes_per_device(), bound_of(case.dims_map, n, itemsize)
-            record = ByteRecord(
-                case.family,
-                case.impl,
-                f"{case.mesh.label} {target} {name}",
-                case.dtype,
-                received,
-                bound,
-                tuple(op.describe() for op in summary.ops),
-            )
+            record = ByteRecord.of(case, summary, bound, where=f"{case.mesh.label} {target} {name}")
             records.append(record)
             if not impl.baseline:
                 check_byte_bound(
