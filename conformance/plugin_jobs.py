@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from conformance import distributed, transfers
-from conformance.plugin_report import EXIT_STATUS, skip_reason
+from conformance import distributed
+from conformance.plugin_report import EXIT_STATUS, SESSION, skip_reason
 
 
 def exit_past_abandoned_calls(config: pytest.Config) -> None:
@@ -19,7 +19,7 @@ def exit_past_abandoned_calls(config: pytest.Config) -> None:
     thread blocked (in the job's key-value store, say), end the process now, with pytest's exit
     status, naming the calls. Left to Python's finalization, such a thread makes the process abort
     ("terminate called after throwing ..."), which a launcher can only report as a crash."""
-    abandoned = transfers.abandoned_calls()
+    abandoned = config.stash[SESSION].abandoned_calls() if SESSION in config.stash else []
     if not abandoned:
         return
     status = config.stash.get(EXIT_STATUS, 1)

@@ -37,10 +37,10 @@ def conformance_failure(error: BaseException | None):
         e = stack.pop()
         if e is None:
             continue
-        if isinstance(e, ConformanceFailure):  # a send_recv check's failure has no family Case
+        if isinstance(e, ConformanceFailure):
             (found if e.case is not None else caseless).append(e)
         stack += [getattr(e, "failure", None), *getattr(e, "exceptions", ())]
-    smallest = min(found, key=lambda f: report.case_size(f.case), default=None)
+    smallest = min(found, key=lambda f: f.case.size_key(), default=None)
     return smallest or next((f for f in caseless if getattr(f, "what", None)), None)
 
 
@@ -88,6 +88,7 @@ class OutcomeRecorder:
         prior = self.log.outcomes.get(report.nodeid)
         if prior is not None and prior.outcome in ("failed", "xpassed"):
             return  # a teardown does not undo a failure
+        failure = getattr(report, "conformance_failure", None) if report.failed else None
         if report.failed or report.skipped:
             message = skip_reason(report) if report.skipped and got != "xfailed" else str(report.longreprtext)
         else:
@@ -101,6 +102,8 @@ class OutcomeRecorder:
             replay=props.get("replay"),
             duration_s=round(report.duration + (prior.duration_s if prior else 0.0), 4),
             xfail_reason=getattr(report, "wasxfail", None) or None,
+            what=getattr(failure, "what", None),
+            failure=failure,
         )
 
 
@@ -171,7 +174,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         tr.section("conformance matrix: implementation x check")
         for line in lines:
             tr.write_line(line)
-    lines = report.summarize(log.verdicts)
+    lines = report.summarize(outcomes(log))
     if lines:
         tr.section("conformance failures by implementation: each cause once, smallest failing case first")
         for line in lines:

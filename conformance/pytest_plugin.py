@@ -45,7 +45,6 @@ marker names.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import datetime
 import fnmatch
 import importlib
@@ -62,7 +61,6 @@ from conformance import (
     plugin_jobs,
     plugin_report,
     registry,
-    report,
     results,
     runner,
     specs,
@@ -77,7 +75,6 @@ from conformance.plugin_report import (
     STARTED,
     run_log,
 )
-from conformance.runner import Case
 from conformance.session import ISOLATION_MODES, Session, Settings
 from conformance.specs.base import FIXED_SHAPES
 
@@ -476,26 +473,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
     note("conformance_id", meta["id"])
     noted = run_log(item.config).last_check.get(item.nodeid)
-    if noted is not None and rep.when == "call" and isinstance(noted.case, Case):  # (a transfer has none)
+    if noted is not None and rep.when == "call":
         note("case", noted.case.token)
         note("replay", noted.case.replay_command(noted.check))
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if rep.when != "call" or "implementation" not in params or not hasattr(item.module, "FAMILY"):
-        return
-    check = getattr(item, "originalname", item.name).removeprefix("test_")
-    verdict = report.Verdict(
-        item.module.FAMILY,
-        params["implementation"],
-        check,
-        "passed" if rep.passed else "failed",
-        params.get("shape"),
-    )
-    if rep.failed:
+    if rep.when == "call" and rep.failed:
+        # the check's own failure: the outcome's verdict line, and its case for the failure summary
         failure = plugin_report.conformance_failure(call.excinfo.value if call.excinfo else None)
-        if failure is not None:
-            verdict = dataclasses.replace(verdict, check=failure.check, case=failure.case, what=failure.what)
-            if failure.case is not None:
-                note("case", failure.case.token)
-                note("replay", failure.case.replay_command(failure.check))
-    if not rep.skipped:
-        run_log(item.config).verdicts.append(verdict)
+        rep.conformance_failure = failure
+        if failure is not None and failure.case is not None:
+            note("case", failure.case.token)
+            note("replay", failure.case.replay_command(failure.check))

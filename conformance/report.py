@@ -11,47 +11,43 @@ or both. The replay line of the smallest failing case is where to start.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from typing import Any
 
-import numpy as np
-
-from conformance import runner, specs
-from conformance.runner import Case
+from conformance import results, specs
 from conformance.specs.base import FIXED_SHAPES
 
 #: Causes listed per implementation before the rest are counted.
 MAX_CAUSES = 8
 
 
+#: The outcomes a kernel's summary counts: it ran and passed, or it failed.
+PASSED, FAILED = ("passed", "xpassed"), "failed"
+
+
 @dataclasses.dataclass(frozen=True)
-class Verdict:
-    """One family test's outcome, as the summary needs it."""
+class _Failed:
+    """One failed test as the summary needs it: the check that failed, its case, its verdict line."""
 
-    family: str
-    impl: str
     check: str
-    outcome: str  #: "passed" or "failed"
-    #: Fixed-shape tests: "odd" or "even"; ``None`` for the others.
-    shape: str | None = None
-    #: Failures: the case and one-line verdict the check gave (``None`` if it gave none).
-    case: Case | None = None
-    what: str | None = None
+    case: Any
+    what: str | None
 
 
-def case_size(case: Case) -> tuple[int, int, int, str]:
-    """Order of "smaller": fewer devices, then fewer elements, then narrower dtype."""
-    itemsize = np.dtype(runner.np_dtype(case.dtype)).itemsize
-    return case.mesh.num_devices, math.prod(v for _, v in case.dims), itemsize, case.token
+def _failed(o: results.Outcome) -> _Failed:
+    f = o.failure
+    if f is None:
+        return _Failed(o.check or "?", None, o.what)
+    return _Failed(f.check or o.check or "?", f.case, f.what)
 
 
 def _dims_text(dims: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.items())
 
 
-def _shape_line(family: str, verdicts: list[Verdict]) -> list[str]:
-    fixed = [v for v in verdicts if v.shape is not None]
+def _shape_line(family: str, outcomes: list[results.Outcome]) -> list[str]:
+    fixed = [v for v in outcomes if v.shape in FIXED_SHAPES]
     if not fixed:
         return []
     spec, parts, failed = specs.get(family), [], {}
@@ -71,29 +67,33 @@ def _shape_line(family: str, verdicts: list[Verdict]) -> list[str]:
     return [line]
 
 
-def summarize(verdicts: Iterable[Verdict]) -> list[str]:
-    """Lines of the summary, one block per implementation with a failure; ``[]`` if none failed."""
-    by_impl: dict[tuple[str, str], list[Verdict]] = defaultdict(list)
-    for v in verdicts:
-        by_impl[(v.family, v.impl)].append(v)
+def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
+    """Lines of the summary, one block per implementation with a failure; ``[]`` if none failed.
+
+    ``outcomes``: the run's (:class:`conformance.results.Outcome`, their id parts filled in); a
+    failure's case and verdict line come from the check's failure the outcome carries."""
+    by_impl: dict[tuple[str, str], list[results.Outcome]] = defaultdict(list)
+    for o in outcomes:
+        if o.family and o.impl and (o.outcome in PASSED or o.outcome == FAILED):
+            by_impl[(o.family, o.impl)].append(o)
     lines: list[str] = []
     for (family, impl), group in sorted(by_impl.items()):
-        failures = [v for v in group if v.outcome == "failed"]
+        failures = [_failed(o) for o in group if o.outcome == FAILED]
         if not failures:
             continue
-        passed = sum(v.outcome == "passed" for v in group)
+        passed = sum(o.outcome in PASSED for o in group)
         lines.append(f"{family}/{impl}: {len(failures)} failed, {passed} passed")
         lines += _shape_line(family, group)
-        causes: dict[str, list[Verdict]] = defaultdict(list)
+        causes: dict[str, list[_Failed]] = defaultdict(list)
         for v in failures:  # one cause: one verdict line, whichever checks gave it
             causes[v.what or f"{v.check}: no verdict line (see the test's report)"].append(v)
 
-        def smallest(vs: list[Verdict]) -> Verdict | None:
-            return min((v for v in vs if v.case is not None), key=lambda v: case_size(v.case), default=None)
+        def smallest(vs: list[_Failed]) -> _Failed | None:
+            return min((v for v in vs if v.case is not None), key=lambda v: v.case.size_key(), default=None)
 
-        def order(item: tuple[str, list[Verdict]]) -> tuple:
+        def order(item: tuple[str, list[_Failed]]) -> tuple:
             first = smallest(item[1])
-            return (first is None, case_size(first.case) if first else (), -len(item[1]), item[0])
+            return (first is None, first.case.size_key() if first else (), -len(item[1]), item[0])
 
         ordered = sorted(causes.items(), key=order)
         for what, vs in ordered[:MAX_CAUSES]:

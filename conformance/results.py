@@ -69,6 +69,15 @@ class Outcome:
     replay: str | None = None
     duration_s: float = 0.0
     xfail_reason: str | None = None
+    #: A failure's one-line verdict (what the failure summary groups by), where a check gave one.
+    what: str | None = None
+    #: The check's :class:`~conformance.checks.ConformanceFailure` (its case, check and verdict
+    #: line), kept for this run's failure summary; not part of the JSON.
+    failure: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        """Its fields as the JSON report has them (the failure object stays behind)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "failure"}
 
 
 @dataclasses.dataclass
@@ -83,8 +92,6 @@ class RunLog:
     item_meta: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     #: Lines of ``--xfails-file`` / ``--skips-file`` that matched no collected test.
     stale: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    #: Every family test's verdict, for the summary of failures by cause (:mod:`conformance.report`).
-    verdicts: list[Any] = dataclasses.field(default_factory=list)
     #: The records the checks (and benchmarks) made, by check name, in the order they came.
     records: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
     #: By node id: the last check a test ran, and its case (the replay line of a passing test too).
@@ -255,7 +262,7 @@ def to_json(
         "duration_s": round(duration_s, 3),
         "counts": {k: sum(o.outcome == k for o in outcomes) for k in OUTCOMES},
         "matrix": {impl: {c: dict(n) for c, n in row.items()} for impl, row in sorted(m.items())},
-        "outcomes": [dataclasses.asdict(o) for o in outcomes],
+        "outcomes": [o.as_json() for o in outcomes],
         "tables": [{"title": t.title, "lines": t.lines, "records": _jsonable(t.records)} for t in tables],
         "known_failures": {"stale": stale},
     }

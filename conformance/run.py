@@ -68,9 +68,7 @@ def agreed(outcome: CheckOutcome) -> CheckOutcome:
         messages = distributed.by_message([(r, v["message"]) for r, v in failed], size)
         ranks = ", ".join(str(r) for r, _ in failed)
         failure = checks.ConformanceFailure("\n".join([*messages, f"  failed on ranks: {ranks} of {size}"]))
-        # a family check's case (a transfer's failure has none: its tests replay through pytest)
-        case = outcome.case if isinstance(outcome.case, Case) else None
-        failure.case, failure.check, failure.what = case, first["check"], first["what"]
+        failure.case, failure.check, failure.what = outcome.case, first["check"], first["what"]
         return dataclasses.replace(
             outcome, verdict="failed", message=str(failure), what=first["what"], failure=failure
         )

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
+import math
 import shlex
-import sys
-import threading
-import traceback
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -27,9 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from conformance import compat, mosaic, registry, specs, tolerances
-from conformance import session as session_lib
-from conformance.blame import stuck_locations
+from conformance import compat, mosaic, registry, specs, tolerances, watchdog
 from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 from conformance.specs.base import FamilySpec
 
@@ -118,6 +113,12 @@ class Case:
         return cls.make(
             family, impl, parse_mesh(mesh_label), dims, dtype, platform=platform, seed=seed, dma_mode=dma_mode
         )
+
+    def size_key(self) -> tuple[int, int, int, str]:
+        """Order of "smaller" (the failure summary's smallest case): fewer devices, then fewer
+        elements, then a narrower dtype."""
+        itemsize = np.dtype(np_dtype(self.dtype)).itemsize
+        return self.mesh.num_devices, math.prod(v for _, v in self.dims), itemsize, self.token
 
     def replay_command(self, check: str) -> str:
         """One line that re-runs exactly this check on exactly this case."""
@@ -382,96 +383,12 @@ def lowered_pullback_for(case: Case, target: str) -> Any:
     )
 
 
-class KernelHang(RuntimeError):
-    """A Pallas kernel did not finish in interpret mode within the session's hang timeout."""
-
-
-def stuck_stacks() -> list[traceback.StackSummary]:
-    """The Python stack of every thread but this one and the main one (which waits on the kernel)."""
-    skip = {threading.get_ident(), threading.main_thread().ident}
-    return [traceback.extract_stack(f) for ident, f in sys._current_frames().items() if ident not in skip]
-
-
-def end_process(case: Case, stacks: list[traceback.StackSummary]) -> None:
-    """What a session without its own ``on_unstoppable`` does: say what hung and where, then end this
-    process.
-
-    Checks of Pallas kernels on CPU run in a worker process (:mod:`conformance.isolation`),
-    which reports instead; with isolation off this ends the run, which beats no bound.
-    """
-    lines = [
-        f"{case.impl} ({case.family}, {case.token}) hung in TPU interpret mode and did not stop "
-        "when the watchdog aborted it; ending the process. Its threads are stuck at"
-    ]
-    lines += ["  " + place for place in stuck_locations(stacks)[1]]
-    os.write(2, ("\n".join(lines) + "\n").encode())
-    os._exit(70)
-
-
-def _run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
-    """Call ``fn``; for a Pallas kernel on CPU, under a watchdog that stops a hung kernel.
-
-    At the active session's ``hang_timeout_s`` the watchdog aborts the kernel (interpret mode's
-    failure flag; every device unwinds). A kernel still running ``abort_grace_s`` later is beyond
-    any abort: the session's ``on_unstoppable`` (default :func:`end_process`) ends the process,
-    naming where it hangs.
-    """
-    if not (case.implementation.pallas and case.platform == "cpu"):
-        return fn(*args)
-    run = session_lib.current()
-    hang_timeout_s, key = run.settings.hang_timeout_s, (case.family, case.impl)
-    on_unstoppable = run.on_unstoppable or end_process
-    if key in run.hung:
-        raise KernelHang(f"not run again: {run.hung[key].what}")
-    # Isolation: a DMA an earlier kernel left in flight must not land in this run.
-    compat.reset_interpret_state()
-    fired, done = threading.Event(), threading.Event()
-
-    def unstoppable() -> None:
-        if not done.is_set():
-            on_unstoppable(case, stuck_stacks())
-
-    grace = threading.Timer(run.settings.abort_grace_s, unstoppable)
-    grace.daemon = True
-
-    def stop() -> None:
-        fired.set()
-        grace.start()
-        compat.abort_interpreted_kernel(f"{case.impl} exceeded {hang_timeout_s:g}s (watchdog)")
-
-    timer = threading.Timer(hang_timeout_s, stop)
-    timer.daemon = True
-    timer.start()
-    try:
-        out = fn(*args)
-        jax.block_until_ready(out)
-    except Exception:
-        if not fired.is_set():
-            compat.reset_interpret_state(after_failure=True)  # else later kernels inherit the failure
-            raise
-    finally:
-        done.set()
-        timer.cancel()
-        grace.cancel()
-    if fired.is_set():
-        compat.reset_interpret_state(after_failure=True)
-        where = f"{case.mesh.label}, dma_mode={case.dma_mode}"
-        what = (
-            f"{case.impl} did not finish within {hang_timeout_s:g}s in TPU interpret mode on "
-            f"{where}: a semaphore or DMA wait that nothing signals (the watchdog stopped it "
-            "and reset the interpreter)"
-        )
-        run.hung[key] = session_lib.Hang(what, case.token)
-        raise KernelHang(what)
-    return out
-
-
 def execute(
     case: Case, *, detect_races: bool = False, inputs: tuple[np.ndarray, ...] | None = None
 ) -> tuple[tuple[np.ndarray, ...], jax.Array]:
     """Run ``case`` once on fresh inputs (or on ``inputs``); returns (float64 inputs, output)."""
     inputs = make_inputs(case) if inputs is None else inputs
-    out = _run_guarded(case, compiled(case, detect_races=detect_races), place(case, inputs))
+    out = watchdog.run_guarded(case, compiled(case, detect_races=detect_races), place(case, inputs))
     return tuple(a.astype(np.float64) for a in inputs), out
 
 
@@ -479,7 +396,7 @@ def execute_eagerly(case: Case) -> jax.Array:
     """Run ``case`` once outside ``jax.jit`` (the kernel's Python on concrete arrays, as a user
     calling it eagerly runs it), on the inputs :func:`execute_cached` uses."""
     fn = bound(case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name, case.dma_mode)
-    return _run_guarded(case, fn, place(case, make_inputs(case)))
+    return watchdog.run_guarded(case, fn, place(case, make_inputs(case)))
 
 
 def execute_pullback(
@@ -490,7 +407,7 @@ def execute_pullback(
     inputs = make_inputs(case) if inputs is None else inputs
     ct = make_cotangent(case) if cotangent is None else cotangent
     placed = (*place(case, inputs), jax.device_put(ct, expected_out_sharding(case)))
-    grads = _run_guarded(case, compiled_pullback(case), placed)
+    grads = watchdog.run_guarded(case, compiled_pullback(case), placed)
     return tuple(a.astype(np.float64) for a in inputs), ct.astype(np.float64), tuple(grads)
 
 

@@ -53,6 +53,9 @@ class Hang:
 
     what: str
     where: str
+    #: Its thread was given up still blocked (a bounded call, :func:`conformance.watchdog.call_bounded`),
+    #: not stopped (a Pallas kernel the watchdog aborted).
+    abandoned: bool = False
 
 
 class Session:
@@ -69,8 +72,11 @@ class Session:
         self.hung: dict[tuple[str, str], Hang] = {}
         #: Called from the watchdog's thread with the case and the stuck threads' stacks when a
         #: kernel the watchdog stopped has not unwound; it must not return. ``None``: say where the
-        #: threads are stuck and end the process (:func:`conformance.runner.end_process`).
+        #: threads are stuck and end the process (:func:`conformance.watchdog.end_process`).
         self.on_unstoppable = on_unstoppable
+        #: The thread bounded calls run on (:class:`conformance.watchdog.BoundedCaller`), started at
+        #: first use.
+        self.caller: Any = None
         #: The worker process of :mod:`conformance.isolation`, started at first use.
         self.worker: Any = None
         #: Where a pytest session keeps its results (:class:`conformance.results.RunLog`); ``None``
@@ -90,6 +96,10 @@ class Session:
             yield self
         finally:
             _ACTIVE.reset(token)
+
+    def abandoned_calls(self) -> list[str]:
+        """Where each call this session gave up on as hung was (its thread may still be blocked)."""
+        return [f"{impl}: {hang.where}" for (_, impl), hang in self.hung.items() if hang.abandoned]
 
     def close(self) -> None:
         """Stop the worker process, if one was started."""

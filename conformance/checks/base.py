@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -23,6 +23,23 @@ from conformance.blame import error_locations, error_text
 from conformance.runner import Case
 
 
+class CheckedCase(Protocol):
+    """What a failure message and the run's reports need of a case: a family check's
+    :class:`~conformance.runner.Case`, a send_recv :class:`~conformance.transfers.Transfer`."""
+
+    family: str
+    impl: str
+
+    @property
+    def token(self) -> str: ...
+
+    def describe(self) -> list[str]: ...
+
+    def replay_command(self, check: str) -> str: ...
+
+    def size_key(self) -> tuple[int, int, int, str]: ...
+
+
 class ConformanceFailure(AssertionError):
     """A check found the implementation does not conform.
 
@@ -30,7 +47,7 @@ class ConformanceFailure(AssertionError):
     so a report can group failures by cause; ``None`` otherwise.
     """
 
-    case: Case | None = None
+    case: CheckedCase | None = None
     check: str | None = None
     what: str | None = None
 
@@ -39,7 +56,9 @@ class NotJudged(Exception):
     """The check has nothing it can judge in this implementation (a skip naming why, never a pass)."""
 
 
-def fail(case: Case, check: str, what: str, details: Sequence[str] = ()) -> ConformanceFailure:
+def fail(case: CheckedCase, check: str, what: str, details: Sequence[str] = ()) -> ConformanceFailure:
+    """The failure of ``check`` on ``case``: the one-line verdict, the case's header, ``details``
+    and the replay line."""
     lines = [f"[{check}] {case.family}/{case.impl}: {what}", *("  " + h for h in case.describe())]
     lines += ["  " + d for d in details]
     lines.append(f"  replay         : {case.replay_command(check)}")

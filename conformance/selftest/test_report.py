@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from conformance import report
+from conformance import report, results
+from conformance.checks import ConformanceFailure
 from conformance.fixtures.meshes import MESH_CONFIGS, parse_mesh
 from conformance.runner import Case
 
@@ -22,10 +23,36 @@ def _case(mesh: str, rows: int, dma: str | None = "on_wait") -> Case:
     )
 
 
-def _fixed(check: str, shape: str, failed: bool, mesh: str = "8-x-explicit") -> report.Verdict:
+def _outcome(
+    check: str,
+    outcome: str,
+    shape: str | None = None,
+    case: Case | None = None,
+    what: str | None = None,
+    impl: str = IMPL,
+) -> results.Outcome:
+    """A test's outcome as the run log has it; a failure carries the check's failure, if it gave one."""
+    failure = None
+    if case is not None:
+        failure = ConformanceFailure(what)
+        failure.case, failure.check, failure.what = case, check, what
+    return results.Outcome(
+        id=f"{FAMILY}/{impl}/{check}",
+        nodeid=f"test_{check}[{impl}]",
+        outcome=outcome,
+        family=FAMILY,
+        impl=impl,
+        check=check,
+        shape=shape,
+        what=what,
+        failure=failure,
+    )
+
+
+def _fixed(check: str, shape: str, failed: bool, mesh: str = "8-x-explicit") -> results.Outcome:
     if not failed:
-        return report.Verdict(FAMILY, IMPL, check, "passed", shape)
-    return report.Verdict(FAMILY, IMPL, check, "failed", shape, _case(mesh, 3), WRONG)
+        return _outcome(check, "passed", shape)
+    return _outcome(check, "failed", shape, _case(mesh, 3), WRONG)
 
 
 def test_one_defect_in_many_checks_is_one_cause_at_its_smallest_case() -> None:
@@ -36,7 +63,7 @@ def test_one_defect_in_many_checks_is_one_cause_at_its_smallest_case() -> None:
         for shape in ("odd", "even")
     ]
     hypothesis_minimal = _case("2-x-auto", 1, "eager")
-    verdicts.append(report.Verdict(FAMILY, IMPL, "values", "failed", None, hypothesis_minimal, WRONG))
+    verdicts.append(_outcome("values", "failed", None, hypothesis_minimal, WRONG))
     lines = report.summarize(verdicts)
     text = "\n".join(lines)
     n = len(MESH_CONFIGS)
@@ -52,10 +79,11 @@ def test_one_defect_in_many_checks_is_one_cause_at_its_smallest_case() -> None:
 
 def test_distinct_causes_are_listed_smallest_first_and_passing_kernels_not_at_all() -> None:
     verdicts = [
-        report.Verdict(FAMILY, IMPL, "races", "failed", "odd", _case("8-x-explicit", 3), "a race"),
-        report.Verdict(FAMILY, IMPL, "determinism", "failed", "even", _case("2-x-explicit", 4), "differ"),
-        report.Verdict(FAMILY, IMPL, "tpu_layout", "failed"),  # a failure that gave no verdict line
-        report.Verdict(FAMILY, "fine_kernel", "races", "passed", "odd"),
+        _outcome("races", "failed", "odd", _case("8-x-explicit", 3), "a race"),
+        _outcome("determinism", "failed", "even", _case("2-x-explicit", 4), "differ"),
+        _outcome("tpu_layout", "failed"),  # a failure that gave no verdict line
+        _outcome("races", "passed", "odd", impl="fine_kernel"),
+        _outcome("races", "skipped", "even"),  # neither passed nor failed: not counted
     ]
     lines = report.summarize(verdicts)
     text = "\n".join(lines)
@@ -66,4 +94,4 @@ def test_distinct_causes_are_listed_smallest_first_and_passing_kernels_not_at_al
 
 
 def test_no_failures_no_summary() -> None:
-    assert report.summarize([report.Verdict(FAMILY, IMPL, "races", "passed", "odd")]) == []
+    assert report.summarize([_outcome("races", "passed", "odd")]) == []

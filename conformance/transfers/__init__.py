@@ -26,7 +26,6 @@ from jax.sharding import PartitionSpec as P
 from conformance.specs.send_recv import np_dtype
 from conformance.transfers.bounded import (
     CALL_TIMEOUT_HANG_TIMEOUTS,
-    abandoned_calls,
     bounded_call,
     call_timeout_s,
 )
@@ -75,7 +74,6 @@ __all__ = [
     "P",
     "Route",
     "Transfer",
-    "abandoned_calls",
     "bad_destination",
     "blocks",
     "bounded_call",

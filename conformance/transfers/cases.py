@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 from conformance import registry
 from conformance.blame import error_text
 from conformance.checks import ConformanceFailure
+from conformance.checks.base import fail
 from conformance.specs.send_recv import np_dtype
 from conformance.transfers.bounded import bounded_call
 
@@ -236,13 +237,32 @@ class Transfer:
         except ConformanceFailure:
             raise
         except Exception as e:
-            raise self.fail(
+            raise fail(
+                self,
                 check,
                 f"raised {type(e).__name__} on a destination the contract allows",
                 [f"error          : {error_text(e)}"],
             ) from None
 
-    def header(self) -> list[str]:
+    @property
+    def family(self) -> str:
+        return FAMILY
+
+    @property
+    def token(self) -> str:
+        """``4-disjoint:vector:bfloat16:seed=0``: route, layout, dtype and seed."""
+        return f"{self.route.label}:{self.layout.name}:{self.dtype}:seed={self.seed}"
+
+    def size_key(self) -> tuple[int, int, int, str]:
+        """Order of "smaller" (the failure summary's smallest case): devices, elements, item size."""
+        return self.route.num_devices, math.prod(self.layout.shape), np_dtype(self.dtype).itemsize, self.token
+
+    def replay_command(self, check: str) -> str:
+        """The pytest line that re-runs this transfer's test (its parameters are the test id's)."""
+        return self.replay
+
+    def describe(self) -> list[str]:
+        """The header every failure message starts with (:func:`conformance.checks.base.fail`)."""
         src_ids = [d.id for d in self.src.mesh.devices.flat] if self.src is not None else []
         dst_ids = [d.id for d in self.dst.mesh.devices.flat] if self.dst is not None else []
         return [
@@ -250,11 +270,3 @@ class Transfer:
             f"layout         : {self.layout.describe()}",
             f"dtype          : {self.dtype}, seed {self.seed}",
         ]
-
-    def fail(self, check: str, what: str, details: list[str] = ()) -> ConformanceFailure:
-        lines = [f"[{check}] {FAMILY}/{self.impl}: {what}", *("  " + h for h in self.header())]
-        lines += ["  " + d for d in details]
-        lines.append(f"  replay         : {self.replay}")
-        failure = ConformanceFailure("\n".join(lines))
-        failure.check, failure.what = check, what
-        return failure

@@ -8,6 +8,7 @@ import pickletools
 import threading
 from collections.abc import Callable, Mapping
 
+from conformance.checks.base import fail
 from conformance.transfers.cases import Transfer
 
 
@@ -36,7 +37,8 @@ def check_resources(t: Transfer) -> None:
     grown = {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0)}
     if grown:
         text = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in grown.items())
-        raise t.fail(
+        raise fail(
+            t,
             "resources",
             f"{COUNTED_CALLS} calls after warm-up grew {text}",
             ["each call must reuse what the first calls made (streams, communicators, threads, sockets)"],
@@ -121,7 +123,8 @@ def check_no_pickle(t: Transfer) -> None:
         t.call("no_pickle")
         t.call("no_pickle")
     if watch.events:
-        raise t.fail(
+        raise fail(
+            t,
             "no_pickle",
             "the transfer unpickles or publishes a pickle",
             [

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from conformance.blame import error_text
 from conformance.checks import ConformanceFailure
+from conformance.checks.base import fail
 from conformance.transfers.bounded import bounded_call
 from conformance.transfers.cases import Transfer
 
@@ -54,7 +55,8 @@ def compare_shards(
         got = np.asarray(shard.data)
         want = t.host[want_map[shard.device]]
         if got.shape != want.shape or got.dtype != want.dtype:
-            raise t.fail(
+            raise fail(
+                t,
                 check,
                 f"{against}'s shard on device {shard.device.id} has shape {got.shape} "
                 f"{got.dtype}, not {want.shape} {want.dtype}",
@@ -66,7 +68,8 @@ def compare_shards(
             start = _start(want_map[shard.device], t.host.shape)
             at = tuple(a + b for a, b in zip(start, local, strict=True))
             count = int((_bytes_view(got) != _bytes_view(want)).any(axis=1).sum())
-            raise t.fail(
+            raise fail(
+                t,
                 check,
                 f"{against}'s bytes differ from the source's on device {shard.device.id}",
                 [
@@ -85,9 +88,9 @@ def check_values(t: Transfer) -> None:
     """The result's shards hold the source's bytes at their indices, and the result its dtype and shape."""
     out = t.call("values")
     if not isinstance(out, jax.Array):
-        raise t.fail("values", f"returned {type(out).__name__}, not a jax.Array")
+        raise fail(t, "values", f"returned {type(out).__name__}, not a jax.Array")
     if out.shape != t.host.shape or out.dtype != t.host.dtype:
-        raise t.fail("values", f"returned shape {out.shape} {out.dtype}, not {t.host.shape} {t.host.dtype}")
+        raise fail(t, "values", f"returned shape {out.shape} {out.dtype}, not {t.host.shape} {t.host.dtype}")
     compare_shards(t, out, "values")
 
 
@@ -99,7 +102,8 @@ def check_sharding(t: Transfer) -> None:
         np.vectorize(lambda d: d.id)(got.mesh.devices), np.vectorize(lambda d: d.id)(t.dst.mesh.devices)
     )
     if not (got.is_equivalent_to(t.dst, len(t.host.shape)) and same_devices):
-        raise t.fail(
+        raise fail(
+            t,
             "sharding",
             "the result does not lie on the destination sharding",
             [f"result         : {got!r}", f"destination    : {t.dst!r}"],
@@ -107,7 +111,8 @@ def check_sharding(t: Transfer) -> None:
     want_map = t.dst.devices_indices_map(t.host.shape)
     for shard in out.addressable_shards:
         if shard.index != want_map.get(shard.device):
-            raise t.fail(
+            raise fail(
+                t,
                 "sharding",
                 f"the shard on device {shard.device.id} holds index {shard.index}, "
                 f"not {want_map.get(shard.device)}",
@@ -121,7 +126,7 @@ def check_source_intact(t: Transfer) -> None:
             break
         t.call("source_intact")
     if t.x.is_deleted():
-        raise t.fail("source_intact", "x was deleted (donated or consumed) by the transfer")
+        raise fail(t, "source_intact", "x was deleted (donated or consumed) by the transfer")
     compare_shards(t, t.x, "source_intact", against="the source")
 
 
@@ -227,13 +232,14 @@ def _spec_text(spec: P) -> str:
 def _places(t: Transfer, check: str, what: str, dst: NamedSharding, out: object) -> None:
     """``out`` lies on ``dst`` (its devices in its order, its blocks) and holds the source's bytes there."""
     if not isinstance(out, jax.Array):
-        raise t.fail(check, f"returned {type(out).__name__} for {what}, not a jax.Array")
+        raise fail(t, check, f"returned {type(out).__name__} for {what}, not a jax.Array")
     got = out.sharding
     same_devices = getattr(got, "mesh", None) is not None and list(got.mesh.devices.flat) == list(
         dst.mesh.devices.flat
     )
     if not (same_devices and got.is_equivalent_to(dst, len(t.host.shape))):
-        raise t.fail(
+        raise fail(
+            t,
             check,
             f"accepted {what} but the result does not lie on it",
             [f"result         : {got!r}", f"destination    : {dst!r}"],
@@ -257,7 +263,8 @@ def _named_in_refusal(
     text = str(error).replace("PartitionSpec(", "P(")
     missing = [m for m in must if m not in text]
     if missing:
-        raise t.fail(
+        raise fail(
+            t,
             check,
             f"refused {what} without naming {missing}",
             [f"destination    : {dst!r}", f"error          : {type(error).__name__}: {error}"],
@@ -270,7 +277,8 @@ def check_bad_destination(t: Transfer, what: str, dst: NamedSharding, must: list
     if error is not None:
         _named_in_refusal(t, "bad_destination", what, dst, must, error)
         return
-    raise t.fail(
+    raise fail(
+        t,
         "bad_destination",
         f"accepted {what} instead of refusing it",
         [f"destination    : {dst!r}", f"returned       : {getattr(out, 'sharding', type(out))!r}"],
@@ -283,7 +291,8 @@ def check_same_placement(t: Transfer, what: str, dst: NamedSharding) -> None:
     out, error = _call_to(t, "bad_destination", dst)
     if error is not None:
         details = [f"destination    : {dst!r}", f"error          : {error_text(error)}"]
-        raise t.fail(
+        raise fail(
+            t,
             "bad_destination",
             f"refused {what}, which places every block where dst does (an equivalent destination: move it)",
             details,
@@ -335,11 +344,12 @@ def check_timeout(t: Transfer) -> None:
                 lambda: t.implementation.fn(t.x, dst=t.dst, timeout=TIMEOUT_GIVEN_S),
                 timeout=TIMEOUT_RAISE_WITHIN_S,
             )
-            failure = t.fail("timeout", f"returned although no sender called (timeout={TIMEOUT_GIVEN_S:g})")
+            failure = fail(t, "timeout", f"returned although no sender called (timeout={TIMEOUT_GIVEN_S:g})")
         except TimeoutError as e:
             took = time.monotonic() - start
             if not _names_a_peer(str(e), senders):
-                failure = t.fail(
+                failure = fail(
+                    t,
                     "timeout",
                     "raised TimeoutError without naming the peer that never came",
                     [
@@ -349,7 +359,8 @@ def check_timeout(t: Transfer) -> None:
                     ],
                 )
             elif took > TIMEOUT_RAISE_WITHIN_S:
-                failure = t.fail(
+                failure = fail(
+                    t,
                     "timeout",
                     f"raised TimeoutError {took:.1f} s after a {TIMEOUT_GIVEN_S:g} s "
                     f"timeout (at most {TIMEOUT_RAISE_WITHIN_S:g} s)",
@@ -357,7 +368,8 @@ def check_timeout(t: Transfer) -> None:
         except ConformanceFailure as e:  # hung: it never raised
             failure = e
         except Exception as e:
-            failure = t.fail(
+            failure = fail(
+                t,
                 "timeout",
                 f"raised {type(e).__name__}, not TimeoutError, when the peer never came",
                 [f"error          : {error_text(e)}"],
@@ -368,7 +380,8 @@ def check_timeout(t: Transfer) -> None:
         check_values(t)
     except ConformanceFailure as e:
         if failure is None:
-            failure = t.fail(
+            failure = fail(
+                t,
                 "timeout",
                 "the transfer after a timed-out call is wrong",
                 [line.strip() for line in str(e).splitlines()[:3]],
