@@ -4,8 +4,8 @@ A family's test module imports these and sets ``FAMILY``; the plugin then parame
 ``implementation``, ``platform``, ``mesh_config``, ``shape``, ``dtype`` and ``dma_mode`` as each
 test's :class:`~conformance.checks.base.Axes` say. Each check declares its axes where it is
 defined (:mod:`conformance.checks`); the test ``test_<check>`` is made here from them, a thin call
-into :func:`conformance.run.run_check`. Two tests are written out: the TPU layout audit (one test
-over the tile-edge shapes) and the values check at the TPU-native dims.
+into :func:`conformance.run.run_check`. One test is written out: the TPU layout audit, one test over
+the tile-edge shapes whose verdict gathers theirs.
 
 Value checks draw whole cases with hypothesis (dims, dtype, seed, DMA mode) on every mesh; the
 fixed-shape checks run each implementation once per mesh at each of the family's two fixed shapes
@@ -96,6 +96,22 @@ def accuracy_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=case.dma_mode)
 
 
+def tpu_native_case(family: str, impl: str, mesh: MeshConfig, dtype: str) -> Case:
+    """The family's TPU-native dims, adapted to what ``impl`` claims, in the on_wait DMA order on CPU;
+    a skip where interpret mode cannot hold the case on this host."""
+    spec = specs.get(family)
+    dims = claims.adapt(
+        family, impl, platform="cpu", mesh=mesh, dims=spec.tpu_native_dims or spec.canonical_dims, dtype=dtype
+    )
+    case = Case.make(family, impl, mesh, dims, dtype, dma_mode="on_wait")
+    limit = compat.interpret_mode_limit(
+        devices=mesh.num_devices, bytes_per_device=runner.largest_shard_bytes(case)
+    )
+    if limit:
+        pytest.skip(f"{impl}: {limit}")
+    return case
+
+
 def case_for(axes: Axes, family: str, implementation: str, params: dict) -> Case:
     """The case a test with ``axes`` checks, from its parameters (``data`` for a drawn case)."""
     platform, mesh = params.get("platform", "cpu"), params["mesh_config"]
@@ -108,6 +124,8 @@ def case_for(axes: Axes, family: str, implementation: str, params: dict) -> Case
         )
     if axes.case == "accuracy":
         return accuracy_case(family, implementation, platform, mesh, params["dtype"])
+    if axes.case == "tpu_native":
+        return tpu_native_case(family, implementation, mesh, params["dtype"])
     return canonical_case(
         family,
         implementation,
@@ -182,23 +200,6 @@ def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_se
         raise CheckFailed(failures[0], text)
     if limited:  # the shapes that were tried passed; the rest this host could not try
         pytest.skip(f"{implementation}: {len(limited)} of {len(shapes)} shapes: {limited[0]}")
-
-
-@pytest.mark.cpu
-@pytest.mark.conformance_axes(Axes(platforms=False, dtypes="dtypes", implementations=("pallas",)))
-def test_tpu_native_values(
-    family: str, implementation: str, mesh_config: MeshConfig, dtype: str, conformance_session: Session
-) -> None:
-    """At the TPU-native dims (the DMA windows a chip runs), exact under interpret mode's on_wait DMAs."""
-    dims = specs.get(family).tpu_native_dims or specs.get(family).canonical_dims
-    dims = claims.adapt(family, implementation, platform="cpu", mesh=mesh_config, dims=dims, dtype=dtype)
-    case = Case.make(family, implementation, mesh_config, dims, dtype, dma_mode="on_wait")
-    limit = compat.interpret_mode_limit(
-        devices=mesh_config.num_devices, bytes_per_device=runner.largest_shard_bytes(case)
-    )
-    if limit:
-        pytest.skip(f"{implementation}: {limit}")
-    run(checks.check_values, case, conformance_session)
 
 
 for _check in checks.CHECKS.values():

@@ -101,8 +101,9 @@ def records_of(result: object) -> list[Any]:
 
 
 #: How a check's test makes its case: the family's fixed dims, dims hypothesis draws (at the spec's
-#: dtypes, or at its gradient dtypes), or the spec's accuracy dims.
-CASE_KINDS = ("fixed", "drawn", "drawn_gradients", "accuracy")
+#: dtypes, or at its gradient dtypes), the spec's accuracy dims, or its TPU-native dims (the DMA
+#: windows a chip runs, on CPU in interpret mode's on_wait DMA order).
+CASE_KINDS = ("fixed", "drawn", "drawn_gradients", "accuracy", "tpu_native")
 #: What a test may ask of an implementation.
 IMPLEMENTATION_PREDICATES = ("pallas", "differentiable", "not_baseline")
 

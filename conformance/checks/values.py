@@ -149,6 +149,13 @@ CHECKS = (
         doc="Values and dtype on every shard against numpy float64, on every mesh; drawn dims, dtypes, "
         "seeds.",
     ),
+    Check(
+        "tpu_native_values",
+        check_values,
+        axes=Axes(case="tpu_native", platforms=False, dtypes="dtypes", implementations=("pallas",)),
+        doc="At the TPU-native dims (the DMA windows a chip runs), exact under interpret mode's on_wait "
+        "DMAs.",
+    ),
     Check("output_sharding", check_output_sharding, axes=Axes(shapes=True)),
     Check(
         "dtype",
