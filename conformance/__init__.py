@@ -16,11 +16,13 @@ Public interface::
 Run the checks with ``pytest --pyargs conformance -m cpu --kernels=MODULE[,MODULE...]``
 (installed, the pytest plugin loads through its entry point) and restrict them with
 ``--impl=GLOB``. A Pallas kernel compiled for a TPU raises
-``conformance.TpuConstraintError`` for a shape a TPU's compiler would refuse.
+``conformance.TpuConstraintError`` for a shape a TPU's compiler would refuse; refusing through
+``conformance.refuse_on_tpu(message)`` lets the suite hold each refusal against the real compiler.
 Importing this package starts no JAX backend.
 """
 
 from conformance.mosaic import TpuConstraintError
+from conformance.mosaic import refuse as refuse_on_tpu
 from conformance.registry import Implementation, implementations, multiples_of, register, registered
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "TpuConstraintError",
     "implementations",
     "multiples_of",
+    "refuse_on_tpu",
     "register",
     "registered",
 ]

@@ -22,6 +22,11 @@ the suite can say so from a laptop.
    tiles, so a window over a dim that is not itself a multiple of the tile is
    refused even when it spans the whole dim.
 
+**A model, the fallback.** Where libtpu is installed the real compiler judges instead
+(:mod:`conformance.tpu_compiler`); this module speaks only on hosts without it, and every
+verdict it gives is labelled as the model's. Held against libtpu it fits 0.0.17 (JAX 0.6.2)
+and is stricter than later ones, which compile many windows this refuses.
+
 The rule is applied in its strictest form across TPU generations v4 and later:
 with and without XLA's large second-minor tiling for 8- and 16-bit types, so a
 window accepted here is accepted whichever tiling a chip's compiler picks. JAX's
@@ -34,6 +39,8 @@ this module.
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import dataclasses
 import json
 import re
@@ -62,6 +69,34 @@ class TpuConstraintError(ValueError):
     an input that interpret mode runs but a chip's compiler would refuse; the
     suite treats it as a refusal, never as a crash.
     """
+
+
+_ASKING_THE_COMPILER: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "conformance_asking_the_tpu_compiler", default=False
+)
+
+
+def refuse(message: str) -> None:
+    """Refuse an input a TPU cannot take: raise :class:`TpuConstraintError` with ``message``.
+
+    A kernel that refuses through this (rather than ``raise``) lets the suite hold its refusals
+    against the real TPU compiler: while the suite asks the compiler about a shape
+    (:func:`asking_the_compiler`) it returns instead, the kernel goes on to lower the shape, and
+    the compiler's verdict on it is compared with the kernel's refusal (a refusal of a shape the
+    compiler compiles is a false refusal). Exported as ``conformance.refuse_on_tpu``.
+    """
+    if not _ASKING_THE_COMPILER.get():
+        raise TpuConstraintError(message)
+
+
+@contextlib.contextmanager
+def asking_the_compiler() -> Iterator[None]:
+    """Inside the block :func:`refuse` does not raise (see there)."""
+    token = _ASKING_THE_COMPILER.set(True)
+    try:
+        yield
+    finally:
+        _ASKING_THE_COMPILER.reset(token)
 
 
 def bitwidth(dtype: Any) -> int:

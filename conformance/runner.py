@@ -185,8 +185,11 @@ def mesh_of(case: Case) -> jax.sharding.Mesh:
     return build_mesh(case.mesh, case.platform)
 
 
-def operand_shardings(case: Case, axis_name: str | None = None) -> tuple[NamedSharding, ...]:
-    mesh, axis = mesh_of(case), axis_name or case.mesh.axis_name
+def operand_shardings(
+    case: Case, axis_name: str | None = None, *, mesh: jax.sharding.Mesh | None = None
+) -> tuple[NamedSharding, ...]:
+    """Each operand's sharding on ``mesh`` (default: the case's own, :func:`mesh_of`)."""
+    mesh, axis = mesh or mesh_of(case), axis_name or case.mesh.axis_name
     return tuple(NamedSharding(mesh, op.spec(axis)) for op in case.spec.operands)
 
 
@@ -273,11 +276,12 @@ def largest_shard_bytes(case: Case) -> int:
     return max(int(np.prod(shape)) for shape in shapes) * itemsize
 
 
-def abstract_args(case: Case) -> tuple[jax.ShapeDtypeStruct, ...]:
+def abstract_args(case: Case, *, mesh: jax.sharding.Mesh | None = None) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The operands' shapes, dtype and shardings on ``mesh`` (default: the case's own)."""
     dt = jnp.dtype(case.dtype)
     return tuple(
         jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
-        for shape, sharding in zip(case.operand_shapes, operand_shardings(case), strict=True)
+        for shape, sharding in zip(case.operand_shapes, operand_shardings(case, mesh=mesh), strict=True)
     )
 
 

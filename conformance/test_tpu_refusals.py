@@ -19,9 +19,11 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from conformance import compat, mosaic
+from conformance import compat, mosaic, tpu_compiler
 from conformance.fixtures.meshes import build_mesh, parse_mesh
 from conformance.kernels.all_gather.pallas_ring import (
+    ANY_2D_WINDOW,
+    ROWS_FREE_FOR_32_BITS,
     pallas_ring_all_gather_bidirectional,
     pallas_ring_all_gather_unidirectional,
     row_split,
@@ -101,6 +103,10 @@ def test_tile_aligned(shape: tuple[int, int], dtype: str, aligned: bool) -> None
 def test_bidirectional_split_is_tile_aligned_where_the_shard_is(rows: int, dtype: str, split: tuple) -> None:
     assert row_split((rows, 128), dtype, bidirectional=True) == split
     assert row_split((rows, 128), dtype, bidirectional=False) == (rows, 0)
+    # compiled for a TPU, a shard that does not fill whole tiles goes one way whole
+    aligned = mosaic.tile_aligned((rows, 128), dtype)
+    on_tpu = split if aligned else (rows, 0)
+    assert row_split((rows, 128), dtype, bidirectional=True, for_tpu=True) == on_tpu
 
 
 def _lower_for_tpu(kernel, shape: tuple[int, ...], dtype) -> str:
@@ -112,16 +118,27 @@ def _lower_for_tpu(kernel, shape: tuple[int, ...], dtype) -> str:
 
 @pytest.mark.parametrize("kernel", RINGS, ids=lambda k: k.__name__)
 @pytest.mark.parametrize(
-    ("shape", "dtype", "named"),
+    ("shape", "dtype", "named", "compiled_from"),
     [
-        ((12, 128), jnp.float32, "(4, 128) tiles"),
-        ((32, 64), jnp.float32, "(8, 128) tiles"),
-        ((32, 128), jnp.bool_, "bool"),
-        ((512,), jnp.float32, "1-D shard"),
+        ((12, 128), jnp.float32, "(4, 128) tiles", ROWS_FREE_FOR_32_BITS),
+        ((32, 64), jnp.float32, "128", ANY_2D_WINDOW),
+        ((12, 128), jnp.bfloat16, "tiles", ANY_2D_WINDOW),
+        ((32, 128), jnp.bool_, "bool", None),
+        ((32, 128), jnp.float16, "float16", None),
+        ((512,), jnp.float32, "1-D shard", None),
     ],
     ids=_id,
 )
-def test_ring_refuses_what_a_tpu_cannot_run(kernel, shape: tuple[int, ...], dtype, named: str) -> None:
+def test_ring_refuses_what_the_tpu_compiler_of_this_jax_refuses(
+    kernel, shape: tuple[int, ...], dtype, named: str, compiled_from: tuple[int, ...] | None
+) -> None:
+    """Refused, naming the constraint, where the libtpu this JAX pins refuses it (measured with the
+    real compiler: ``compiled_from`` is the first libtpu that compiles it, ``None`` none does);
+    lowered where it compiles. ``tpu_layout`` holds the same against the compiler itself."""
+    libtpu = tpu_compiler.libtpu_in_use()
+    if compiled_from is not None and libtpu >= compiled_from:
+        _lower_for_tpu(kernel, shape, dtype)  # no refusal
+        return
     with pytest.raises(mosaic.TpuConstraintError, match=r".*") as refusal:
         _lower_for_tpu(kernel, shape, dtype)
     assert kernel.__name__ in str(refusal.value) and named in str(refusal.value), str(refusal.value)

@@ -1,16 +1,17 @@
 """Pallas TPU kernels: races and leftover semaphores under TPU interpret mode, the barrier protocol
-(static), and the layout a TPU's compiler accepts (lowered for TPU from this host)."""
+(static), and the layout the real TPU compiler accepts (libtpu, compiling for a TPU topology)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from typing import Any
 
 import jax
 
-from conformance import compat, mosaic, pallas_protocol, runner
-from conformance.checks.base import Axes, Check, call_kernel, compare_with_reference, fail
+from conformance import compat, mosaic, pallas_protocol, runner, tpu_compiler
+from conformance.checks.base import Axes, Check, call_kernel, compare_with_reference, fail, keeping
 from conformance.runner import Case
 
 
@@ -22,48 +23,85 @@ class TpuLayoutRecord:
     impl: str
     dtype: str
     dims: tuple[tuple[str, int], ...]
+    #: The kernel's own refusal (its :class:`~conformance.mosaic.TpuConstraintError`), if it refused.
     refusal: str | None
-    #: Why this host could not lower the shape for TPU at all (neither accepted nor refused).
-    host_limited: str | None = None
+    #: Who judged: the real compiler (``libtpu 0.0.42 (v5e:2x2)``) or the hand model.
+    judge: str = ""
+    #: The compiler's refusal of the shape (asked with the kernel's refusal set aside), if it refused.
+    compiler_refusal: str | None = None
+    #: The kernel refused without :func:`conformance.refuse_on_tpu`, so the compiler could not be asked.
+    refusal_unverified: bool = False
 
 
 def check_tpu_layout(case: Case) -> TpuLayoutRecord:
-    """Compiled for a TPU, the kernel refuses the shape naming the constraint, or lowers to DMA
-    windows and buffers a TPU's compiler accepts (:mod:`conformance.mosaic`); at the family's
-    TPU-native dims it must lower."""
-    try:
-        text = runner.lower_exactly(case, "tpu").as_text()
-    except compat.HostCannotLower as limit:
-        limit.records = [TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, None, str(limit))]
-        raise
-    except mosaic.TpuConstraintError as refusal:
-        if case.at_tpu_native_dims:
+    """Compiled for a TPU, the kernel accepts the shape where the TPU compiler compiles it and refuses
+    it (naming the constraint) where the compiler refuses it.
+
+    The judge is the real compiler (libtpu, :mod:`conformance.tpu_compiler`), on a TPU topology
+    of the case's device count. The kernel is lowered for it as it is: a
+    :class:`~conformance.mosaic.TpuConstraintError` is its refusal, anything else it lowers is
+    compiled. A refused shape is then compiled with the kernel's refusals set aside
+    (:func:`conformance.refuse_on_tpu`), so the compiler's verdict can be held against the
+    kernel's; a refusal the kernel raises directly cannot be set aside, is recorded as unverified,
+    and at the family's TPU-native dims fails. A host without libtpu skips, naming the install
+    command (the hand model of :mod:`conformance.mosaic` fits libtpu 0.0.17 only, and is no judge).
+    """
+    reason = tpu_compiler.unavailable_reason()
+    if reason is not None:
+        raise compat.HostLimit(f"the TPU layout is judged by the real TPU compiler: {reason}")
+    topology = tpu_compiler.topology_for(case.mesh.num_devices)
+    judge = tpu_compiler.Judge(tpu_compiler.libtpu_version(), topology).describe()
+    mesh = tpu_compiler.mesh_on(case.mesh, topology)
+    fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
+    args = runner.abstract_args(case, mesh=mesh)
+    record = TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, None, judge=judge)
+    records = [record]
+    with keeping(records):
+        try:
+            tpu_compiler.compile_on(fn, args)
+        except mosaic.TpuConstraintError as refusal:
+            records[0] = record = dataclasses.replace(record, refusal=str(refusal))
+        except tpu_compiler.CompilerRefusal as compiler:
+            records[0] = dataclasses.replace(record, compiler_refusal=str(compiler))
             raise fail(
                 case,
                 "tpu_layout",
-                "refuses the family's TPU-native shape, which every buffer fills in whole tiles",
-                [f"refusal: {refusal}"],
+                "the TPU compiler refuses this shape, and the kernel lowers it instead of refusing it "
+                "(conformance.refuse_on_tpu, naming the rule)",
+                [f"compiler       : {judge}", f"its refusal    : {compiler}"],
             ) from None
-        return TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, str(refusal))
-    except Exception as e:
-        raise fail(
-            case,
-            "tpu_layout",
-            "lowering for TPU raised instead of refusing with conformance.TpuConstraintError",
-            [f"{type(e).__name__}: {str(e)[:1500]}"],
-        ) from None
-    violations = list(dict.fromkeys(v.what for v in mosaic.audit_lowered(text)))
-    if violations:
-        shown = violations[:4] + ([f"... and {len(violations) - 4} more"] if len(violations) > 4 else [])
-        raise fail(
-            case,
-            "tpu_layout",
-            "lowers for TPU to something a TPU compiler refuses (interpret mode "
-            "cannot see this); refuse such shapes with conformance.TpuConstraintError, or "
-            "align the windows",
-            shown,
-        )
-    return TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, None)
+        else:
+            return record
+        records[0] = record = _asked_about_a_refusal(case, record, fn, args)
+        return record
+
+
+def _asked_about_a_refusal(case: Case, record: TpuLayoutRecord, fn: Any, args: tuple) -> TpuLayoutRecord:
+    """The compiler's verdict on a shape the kernel refused, its refusals set aside."""
+    with mosaic.asking_the_compiler():
+        try:
+            tpu_compiler.compile_on(fn, args)
+        except mosaic.TpuConstraintError:  # raised directly: the compiler cannot be asked
+            if case.at_tpu_native_dims:
+                raise fail(
+                    case,
+                    "tpu_layout",
+                    "refuses the family's TPU-native shape, which every buffer fills in whole tiles",
+                    [
+                        f"refusal        : {record.refusal}",
+                        "the kernel raised it directly, so the compiler could not be asked whether it "
+                        "compiles the shape; refuse through conformance.refuse_on_tpu to let it judge",
+                    ],
+                ) from None
+            return dataclasses.replace(record, refusal_unverified=True)
+        except tpu_compiler.CompilerRefusal as compiler:
+            return dataclasses.replace(record, compiler_refusal=str(compiler))
+    raise fail(
+        case,
+        "tpu_layout",
+        "refuses a shape the TPU compiler compiles",
+        [f"compiler       : {record.judge} compiles it", f"the refusal    : {record.refusal}"],
+    )
 
 
 def check_races(case: Case) -> None:
@@ -150,25 +188,33 @@ def check_barrier_protocol(case: Case) -> None:
 
 
 def tpu_layout_table(records: list[Any]) -> list[tuple[str, list[str]]]:
-    """Per Pallas kernel and dtype: tile-edge shapes lowered to windows a TPU accepts, and refused."""
+    """Per Pallas kernel and dtype: the tile-edge shapes it lowers and the compiler compiles, and the
+    ones it refuses (the compiler refusing them too, or unverified), with the judge."""
     if not records:
         return []
-    title = "TPU layout (lowered for TPU from this host): shapes accepted / refused with the constraint named"
+    title = "TPU layout, judged by the real TPU compiler: shapes compiled, and refused by kernel and compiler"
     by_impl: dict[tuple[str, str, str], list] = defaultdict(list)
     for rec in records:
         by_impl[(rec.family, rec.impl, rec.dtype)].append(rec)
     width = max(len(impl) for _, impl, _ in by_impl)
     lines = []
     for (family, impl, dtype), recs in sorted(by_impl.items()):
-        accepted = [
-            "x".join(str(v) for _, v in r.dims) for r in recs if r.refusal is None and not r.host_limited
+        compiled = [
+            "x".join(str(v) for _, v in r.dims) for r in recs if not (r.refusal or r.compiler_refusal)
         ]
-        refused = sum(r.refusal is not None for r in recs)
-        limited = sum(r.host_limited is not None for r in recs)
+        counts = {
+            "refused by both": sum(bool(r.refusal and r.compiler_refusal) for r in recs),
+            "refused unverified": sum(r.refusal_unverified for r in recs),
+            "FALSE REFUSALS": sum(
+                bool(r.refusal and not r.compiler_refusal and not r.refusal_unverified) for r in recs
+            ),
+            "MISSED REFUSALS": sum(bool(r.compiler_refusal and not r.refusal) for r in recs),
+        }
+        judges = sorted({r.judge for r in recs if r.judge})
         lines.append(
-            f"{family:<21} {impl:<{width}}  {dtype:<9} accepted {len(accepted)}: "
-            f"{'; '.join(accepted)}  refused {refused}"
-            + (f"  not lowerable on this host {limited}" if limited else "")
+            f"{family:<21} {impl:<{width}}  {dtype:<9} compiled {len(compiled)}: {'; '.join(compiled)}"
+            + "".join(f"  {what} {n}" for what, n in counts.items() if n or what == "refused by both")
+            + (f"  [{', '.join(judges)}]" if judges else "")
         )
     return [(title, lines)]
 

@@ -19,7 +19,10 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance import compat
-from conformance.kernels.all_gather.pallas_ring import pallas_ring_all_gather_bidirectional
+from conformance.kernels.all_gather.pallas_ring import (
+    pallas_ring_all_gather_bidirectional,
+    pallas_ring_all_gather_unidirectional,
+)
 
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_seed_shared_semaphores": "test_races",
@@ -33,13 +36,17 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_leaves_barrier_count": "test_races",
     "broken_pallas_leaves_send_counts": "test_races",
     "broken_pallas_refuses_every_tpu_shape": "test_tpu_layout",
+    "broken_pallas_refuses_what_the_compiler_compiles": "test_tpu_layout",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_waits_for_missing_signal": "did not finish within",
     # bounded: the worker process reports where its threads are stuck and is replaced
     "broken_pallas_blocks_beyond_the_watchdog": "beyond the watchdog's reach, in the kernel's own code",
-    "broken_pallas_untiled_halves": "must be aligned to tiles",
+    # the real compiler's refusal (libtpu 0.0.17: 'must be aligned to tiling (4)'; 0.0.42 and 0.0.50:
+    # 'Slice sizes along tiled dimensions must be aligned to tiles'), quoted under this verdict line
+    "broken_pallas_untiled_halves": "the TPU compiler refuses this shape",
     "broken_pallas_refuses_every_tpu_shape": "refuses the family's TPU-native shape",
+    "broken_pallas_refuses_what_the_compiler_compiles": "refuses a shape the TPU compiler compiles",
     "broken_pallas_dma_before_barrier_wait": "before the kernel waits on its barrier semaphore",
     # where: JAX's interpreter raised, at the kernel's semaphore_signal naming a 1-coordinate peer
     "broken_pallas_one_coordinate_device_id": "broken_pallas_kernels.py:",
@@ -258,3 +265,19 @@ def broken_pallas_refuses_every_tpu_shape(x, *, mesh, axis_name, interpret=False
             "broken_pallas_refuses_every_tpu_shape: no TPU shape is supported"
         )
     return pallas_ring_all_gather_bidirectional(x, mesh=mesh, axis_name=axis_name, interpret=interpret)
+
+
+@conformance.register(
+    "all_gather",
+    name="broken_pallas_refuses_what_the_compiler_compiles",
+    pallas=True,
+    description="the built-in one-way ring, but refusing (through conformance.refuse_on_tpu) every shard "
+    "of rows not a multiple of 16: 8 rows of float32, whole (8, 128) tiles, compile on every libtpu",
+)
+def broken_pallas_refuses_what_the_compiler_compiles(x, *, mesh, axis_name, interpret=False):
+    rows = x.shape[0] // mesh.shape[axis_name]
+    if not interpret and rows % 16:
+        conformance.refuse_on_tpu(
+            f"broken_pallas_refuses_what_the_compiler_compiles: {rows} rows per shard, not a multiple of 16"
+        )
+    return pallas_ring_all_gather_unidirectional(x, mesh=mesh, axis_name=axis_name, interpret=interpret)

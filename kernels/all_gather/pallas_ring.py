@@ -76,7 +76,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance import mosaic
+from conformance import mosaic, tpu_compiler
 from conformance.kernels.all_gather._common import validate
 
 
@@ -167,52 +167,87 @@ def _ring_kernel(
                 to_left.wait_send()
 
 
-def row_split(shard_shape: tuple[int, ...], dtype: Any, *, bidirectional: bool) -> tuple[int, int]:
+#: The libtpu versions from which Mosaic's DMA-window rules relaxed, measured with the real compiler
+#: (``conformance.tpu_compiler``; v4, v5e and v6e topologies agree): from 0.0.19 a 32-bit shard's
+#: rows need not fill a sublane tile (0.0.17, JAX 0.6.2, refuses 3 rows of float32; 0.0.19 to 0.0.40,
+#: JAX 0.7.0 to 0.10.0, compile them); from 0.0.42 no 2-D window need be tile-aligned (0.0.40
+#: refuses 1 row of bfloat16 and 8 columns; 0.0.42 and 0.0.50, JAX 0.10.2 and 0.12, compile both).
+#: A version between two measured ones takes the stricter rule.
+ROWS_FREE_FOR_32_BITS = (0, 0, 19)
+ANY_2D_WINDOW = (0, 0, 42)
+
+
+def row_split(
+    shard_shape: tuple[int, ...], dtype: Any, *, bidirectional: bool, for_tpu: bool = False
+) -> tuple[int, int]:
     """Rows of each shard sent rightwards and leftwards (the second is 0 for a one-way ring).
 
     Both windows must be whole tiles on a TPU (module docstring, "TPU layout"),
     so a 2-D shard that fills whole tiles is split at a tile boundary: the
     rightward part gets ``ceil(tiles / 2)`` tiles. A shard of one tile goes
-    rightwards whole. Otherwise (rows are not a tiled dim, or interpret mode
-    with a shard a TPU would refuse) the split is ``ceil(m/2)`` / ``floor(m/2)``
-    rows: never ``m // 2`` twice, which drops the last row of an odd shard.
+    rightwards whole, and so, compiled for a TPU (``for_tpu``), does a shard that
+    does not fill whole tiles (no split of it is tile-aligned; libtpu 0.0.42 and
+    0.0.50 refuse some such splits, e.g. 5 rows of bfloat16 as 3 + 2). Under
+    interpret mode such a shard is split ``ceil(m/2)`` / ``floor(m/2)`` rows: never
+    ``m // 2`` twice, which drops the last row of an odd shard.
     """
     rows = shard_shape[0]
     if not bidirectional:
         return rows, 0
+    aligned = len(shard_shape) == 2 and mosaic.tile_aligned(shard_shape, dtype)
+    if for_tpu and not aligned:
+        return rows, 0
     quantum = 1
-    if len(shard_shape) == 2 and mosaic.tile_aligned(shard_shape, dtype):
+    if aligned:
         quantum = max(tile[0] for tile in mosaic.tiles(shard_shape, mosaic.bitwidth(dtype)))
     right = quantum * (-(-(rows // quantum) // 2))
     return right, rows - right
 
 
 def refuse_what_a_tpu_cannot_do(name: str, shard_shape: tuple[int, ...], dtype: Any) -> None:
-    """``TpuConstraintError`` naming the constraint, for a shard a TPU's compiler would refuse.
+    """``TpuConstraintError`` naming the constraint, for a shard the TPU compiler of this JAX refuses
+    (the libtpu it pins, or the one installed: ``tpu_compiler.libtpu_in_use``), through
+    :func:`conformance.mosaic.refuse`, so the suite can hold each refusal against the real compiler.
 
     Called only when the kernel is compiled for a TPU; interpret mode has no
     layouts and runs every shape.
     """
-    width = mosaic.bitwidth(dtype)
-    if jnp.dtype(dtype) == jnp.bool_ or width not in mosaic.SUPPORTED_BITWIDTHS:
-        raise mosaic.TpuConstraintError(
-            f"{name}: {jnp.dtype(dtype).name} shards cannot be DMA'd on a TPU (Mosaic moves element "
+    width, dt = mosaic.bitwidth(dtype), jnp.dtype(dtype)
+    if dt == jnp.bool_ or width not in mosaic.SUPPORTED_BITWIDTHS:
+        return mosaic.refuse(
+            f"{name}: {dt.name} shards cannot be DMA'd on a TPU (Mosaic moves element "
             f"widths of {'/'.join(map(str, mosaic.SUPPORTED_BITWIDTHS))} bits, and not bool); cast x first"
         )
+    if dt == jnp.float16:
+        return mosaic.refuse(
+            f"{name}: Mosaic takes no float16 kernel arguments (bfloat16 and 32-bit types, and float8: "
+            "libtpu 0.0.17 to 0.0.50 refuse float16 at every shape); cast x to bfloat16 or float32"
+        )
     if len(shard_shape) < 2:
-        raise mosaic.TpuConstraintError(
+        return mosaic.refuse(
             f"{name}: a 1-D shard {shard_shape} on a TPU would put the ring's slot index on a tiled dim "
             "of the output buffer, where DMA windows must start on a tile boundary; give x a trailing dim "
             "that is a multiple of 128"
         )
+    libtpu = tpu_compiler.libtpu_in_use()
+    if libtpu >= ANY_2D_WINDOW:
+        return None
     minor = shard_shape[-2:]
+    if width == 32 and libtpu >= ROWS_FREE_FOR_32_BITS:
+        if minor[-1] % 128:
+            return mosaic.refuse(
+                f"{name}: on a TPU (libtpu {'.'.join(map(str, libtpu))}) the shard's minor dim "
+                f"{minor[-1]} must be a multiple of 128 lanes; pad x, or run it under interpret mode"
+            )
+        return None
     if not mosaic.tile_aligned(minor, dtype):
         need = " or ".join(str(tile) for tile in mosaic.tiles(minor, width))
-        raise mosaic.TpuConstraintError(
-            f"{name}: on a TPU the shard's two minor dims {minor} ({jnp.dtype(dtype).name}) must fill "
+        return mosaic.refuse(
+            f"{name}: on a TPU the shard's two minor dims {minor} ({dt.name}) must fill "
             f"whole {need} tiles, the HBM layout Mosaic gives them; DMA windows that are not tile-aligned "
             "are refused by the TPU compiler. Pad x to whole tiles, or run it under interpret mode"
         )
+    return None
 
 
 def _all_gather(
@@ -225,7 +260,9 @@ def _all_gather(
     if n == 1:
         return x
     steps = n - 1
-    right_rows, left_rows = row_split(shard_shape, x.dtype, bidirectional=bidirectional)
+    right_rows, left_rows = row_split(
+        shard_shape, x.dtype, bidirectional=bidirectional, for_tpu=not interpret
+    )
     kernel = functools.partial(
         _ring_kernel,
         axis_name=axis_name,
