@@ -108,23 +108,28 @@ def topology_devices(name: str) -> tuple[Any, ...]:
     return tuple(topologies.get_topology_desc(topology_name=name, platform="tpu").devices)
 
 
-def topology_for(num_devices: int, generation: str = "v5e") -> str:
-    """The topology a mesh of ``num_devices`` compiles for: the smallest slice of that many chips."""
-    if generation != "v5e":
-        raise ValueError(f"no standard {generation} topology of {num_devices} chips; name one, e.g. v6e:2x4")
-    try:
+#: Slices for a mesh of another size: the smallest v6e slice that holds it, of which it takes the
+#: first chips (a v6e program may span part of its slice: rings of 2 to 110 chips of a 256-chip
+#: one compile, libtpu 0.0.42).
+V6E_SLICES = ("v6e:2x2", "v6e:2x4", "v6e:4x4", "v6e:8x8", "v6e:16x16")
+
+
+def topology_for(num_devices: int) -> str:
+    """The topology a mesh of ``num_devices`` compiles for: the v5e slice of that many chips, or the
+    smallest v6e slice holding them."""
+    if num_devices in V5E_BY_CHIPS:
         return V5E_BY_CHIPS[num_devices]
-    except KeyError:
-        raise ValueError(
-            f"no standard v5e topology of {num_devices} chips ({sorted(V5E_BY_CHIPS)})"
-        ) from None
+    for name in V6E_SLICES:
+        chips = int(np.prod([int(k) for k in name.split(":")[1].split("x")]))
+        if chips >= num_devices:
+            return name
+    raise ValueError(f"no standard TPU topology of {num_devices} chips (at most 256)")
 
 
 def mesh_on(config: MeshConfig, topology: str | None = None) -> jax.sharding.Mesh:
-    """The mesh of ``config`` over ``topology`` (default: the v5e slice of as many chips,
-    :func:`topology_for`). A whole slice is ordered by ``jax.make_mesh`` for the chips' torus; a
-    mesh of fewer chips takes the slice's first ones in its order (``jax.make_mesh`` takes only
-    whole slices of a TPU)."""
+    """The mesh of ``config`` over ``topology`` (default: :func:`topology_for` its size). A whole
+    slice is ordered by ``jax.make_mesh`` for the chips' torus; a mesh of fewer chips takes the
+    slice's first ones in its order (``jax.make_mesh`` takes only whole slices of a TPU)."""
     topology = topology or topology_for(config.num_devices)
     devices = topology_devices(topology)
     if config.num_devices > len(devices):

@@ -73,6 +73,17 @@ def test_a_topology_mesh_compiles_for_real() -> None:
 
 
 @needs_libtpu
+@pytest.mark.parametrize("chips", [1, 2, 4, 8])
+def test_every_standard_mesh_size_has_a_topology_that_compiles(chips: int) -> None:
+    """A v5e slice of as many chips, or the first chips of a v6e slice (v5e takes whole slices only)."""
+    mesh = tpu_compiler.mesh_on(parse_mesh(f"{chips}-x-explicit"))
+    assert mesh.devices.size == chips
+    x = jax.ShapeDtypeStruct((chips * 8, 128), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+    xla_all_gather = registry.get("all_gather", "xla_all_gather").fn
+    tpu_compiler.compile_on(lambda a: xla_all_gather(a, mesh=mesh, axis_name="x"), (x,))
+
+
+@needs_libtpu
 def test_the_compiler_refusal_is_quoted() -> None:
     """A program the compiler refuses (a float16 kernel: no libtpu takes one) raises CompilerRefusal
     with the compiler's words, not a traceback."""
