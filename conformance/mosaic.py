@@ -22,10 +22,12 @@ the suite can say so from a laptop.
    tiles, so a window over a dim that is not itself a multiple of the tile is
    refused even when it spans the whole dim.
 
-**A model, the fallback.** Where libtpu is installed the real compiler judges instead
-(:mod:`conformance.tpu_compiler`); this module speaks only on hosts without it, and every
-verdict it gives is labelled as the model's. Held against libtpu it fits 0.0.17 (JAX 0.6.2)
-and is stricter than later ones, which compile many windows this refuses.
+**A model, and no longer a judge.** The TPU layout check asks the real compiler
+(:mod:`conformance.tpu_compiler`; a host without libtpu skips it). Held against libtpu, the rules
+below fit 0.0.17 (JAX 0.6.2) and are stricter than later versions, which compile many windows
+they refuse. What the suite still uses of this module is the tiling (:func:`tiles`,
+:func:`tile_aligned`: the built-in ring's split and its refusal rule for libtpu before 0.0.42) and
+:func:`refuse`; :func:`audit_lowered` is kept, with its self-tests, as the documented model.
 
 The rule is applied in its strictest form across TPU generations v4 and later:
 with and without XLA's large second-minor tiling for 8- and 16-bit types, so a
