@@ -128,3 +128,13 @@ def test_a_refusal_of_what_the_compiler_compiles_fails() -> None:
     assert outcome.verdict == "failed", outcome
     assert "refuses a shape the TPU compiler compiles" in outcome.message, outcome.message
     assert np.all([r.refusal for r in outcome.records]), outcome.records
+
+
+def test_the_tpu_mesh_fixture_compiles_for_the_chips(conformance_tpu_mesh) -> None:
+    """The fixture a downstream test takes: a 2-D mesh over 8 v6e chips (skipped without libtpu)."""
+    mesh = conformance_tpu_mesh("2x4-y-auto", topology="v6e:2x4")
+    assert mesh.shape == {"x": 2, "y": 4} and {d.device_kind for d in mesh.devices.flat} == {"TPU v6 lite"}
+    x = jax.ShapeDtypeStruct((4 * 96, 128), jnp.bfloat16, sharding=NamedSharding(mesh, P("y")))
+    xla_all_gather = registry.get("all_gather", "xla_all_gather").fn
+    text = tpu_compiler.compile_on(lambda a: xla_all_gather(a, mesh=mesh, axis_name="y"), (x,)).as_text()
+    assert "all-gather" in text, text[:2000]
