@@ -4,8 +4,9 @@ A family's test module imports these and sets ``FAMILY``; the plugin then parame
 ``implementation``, ``platform``, ``mesh_config``, ``shape``, ``dtype`` and ``dma_mode`` as each
 test's :class:`~conformance.checks.base.Axes` say. Each check declares its axes where it is
 defined (:mod:`conformance.checks`); the test ``test_<check>`` is made here from them, a thin call
-into :func:`conformance.run.run_check`. One test is written out: the TPU layout audit, one test over
-the tile-edge shapes whose verdict gathers theirs.
+into :func:`conformance.run.run_check`. Two tests are written out, each one verdict gathered over
+several cases compiled for TPU: the TPU layout audit (the tile-edge shapes) and the TPU schedule (the
+family's ladder of sizes).
 
 Value checks draw whole cases with hypothesis (dims, dtype, seed, DMA mode) on every mesh; the
 fixed-shape checks run each implementation once per mesh at each of the family's two fixed shapes
@@ -24,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance import checks, claims, compat, registry, runner, specs, strategies
+from conformance.checks import tpu_schedule
 from conformance.checks.base import Axes, Check
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
 from conformance.outcomes import run_here
@@ -173,8 +175,6 @@ def test_for(check: Check) -> Callable[..., None]:
 def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_session: Session) -> None:
     """Lowered for TPU chips at every tile-edge shape: refused with the constraint named, or
     lowered to DMA windows and buffers a TPU compiler accepts; the TPU-native shape accepted."""
-    failures: list[checks.ConformanceFailure] = []
-    limited = []
     shapes, not_claimed = [], []
     for dims in strategies.tpu_layout_dims(family):
         why = claims.reason(
@@ -185,21 +185,57 @@ def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_se
         raise claims.NotClaimed(
             implementation, f"none of the {len(not_claimed)} TPU layout shapes: {not_claimed[0]}"
         )
-    for dims in shapes:  # lowering only, nothing runs: in this process
-        case = Case.make(family, implementation, TPU_LAYOUT_MESH, dims, dtype)
-        outcome = run_here(checks.CHECKS["tpu_layout"], case, conformance_session)
-        if conformance_session.log is not None:
-            conformance_session.log.add(outcome)
+    cases = [Case.make(family, implementation, TPU_LAYOUT_MESH, dims, dtype) for dims in shapes]
+    run_gathered(checks.CHECKS["tpu_layout"], cases, conformance_session, what="shapes")
+
+
+@pytest.mark.cpu
+@pytest.mark.conformance_axes(
+    Axes(platforms=False, meshes=tpu_schedule.SCHEDULE_MESHES, families_with="overlap")
+)
+def test_tpu_schedule(
+    family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
+) -> None:
+    """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's
+    ladder (bfloat16): every transfer but one per ring direction has a matmul scheduled inside it."""
+    ladder, cases, not_claimed = specs.get(family).schedule_ladder, [], []
+    for dims in ladder:
+        why = claims.reason(
+            family, implementation, platform="tpu", mesh=mesh_config, dims=dims, dtype="bfloat16"
+        )
+        if why is None:
+            cases.append(Case.make(family, implementation, mesh_config, dims, "bfloat16"))
+        else:
+            not_claimed.append(why)
+    if not cases:
+        raise claims.NotClaimed(implementation, f"none of the {len(ladder)} ladder sizes: {not_claimed[0]}")
+    run_gathered(checks.CHECKS["tpu_schedule"], cases, conformance_session, what="sizes")
+
+
+def run_gathered(check: Check, cases: list[Case], session: Session, *, what: str) -> None:
+    """One test's verdict over several cases of one check, each run here (they compile for a TPU
+    topology; nothing runs) and logged: the failures together (the first three in full), else a skip
+    for the cases this host could not try, else a skip for a check with nothing to judge."""
+    failures: list[checks.ConformanceFailure] = []
+    limited, not_judged = [], []
+    for case in cases:
+        outcome = run_here(check, case, session)
+        if session.log is not None:
+            session.log.add(outcome)
         if outcome.verdict == "failed":
             failures.append(outcome.failure)
         elif outcome.verdict == "skipped":
             limited.append(outcome.message)
+        elif outcome.verdict == "not_judged":
+            not_judged.append(outcome.skip_reason)
     if failures:
-        more = [f"... and {len(failures) - 3} more shapes"] if len(failures) > 3 else []
-        text = "\n".join([f"{len(failures)} shape(s) fail:", *map(str, failures[:3]), *more])
+        more = [f"... and {len(failures) - 3} more {what}"] if len(failures) > 3 else []
+        text = "\n".join([f"{len(failures)} of {len(cases)} {what} fail:", *map(str, failures[:3]), *more])
         raise CheckFailed(failures[0], text)
-    if limited:  # the shapes that were tried passed; the rest this host could not try
-        pytest.skip(f"{implementation}: {len(limited)} of {len(shapes)} shapes: {limited[0]}")
+    if limited:  # the cases that were tried passed; the rest this host could not try
+        pytest.skip(f"{cases[0].impl}: {len(limited)} of {len(cases)} {what}: {limited[0]}")
+    if not_judged and len(not_judged) == len(cases):
+        pytest.skip(not_judged[0])
 
 
 for _check in checks.CHECKS.values():

@@ -62,8 +62,18 @@ def dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.dot(a, b, preferred_element_type=accumulator_dtype(a.dtype))
 
 
-#: visit(owner, first_row, rows): ``rows`` is rows ``[first_row, first_row + len)`` of ``owner``'s block.
-Visit = Callable[[jax.Array, int, jax.Array], None]
+#: visit(owner, first_row, rows): ``rows`` is rows ``[first_row, first_row + len)`` of ``owner``'s block;
+#: returns what it computed from them (any pytree of arrays), which paces the ring (see below).
+Visit = Callable[[jax.Array, int, jax.Array], Any]
+
+
+def after(value: Any, *, waits_for: Any) -> Any:
+    """``value``, which the compiler may use only once ``waits_for`` is computed (and may not fuse
+    with it): an ``optimization_barrier`` over both. Free at run time; it only orders the schedule."""
+    if waits_for is None:
+        return value
+    value, _ = lax.optimization_barrier((value, waits_for))
+    return value
 
 
 def ring_gather_visit(block: jax.Array, axis_name: str, visit: Visit, *, bidirectional: bool) -> None:
@@ -72,23 +82,30 @@ def ring_gather_visit(block: jax.Array, axis_name: str, visit: Visit, *, bidirec
     me = lax.axis_index(axis_name)
     top_rows, bottom_rows = halves(block.shape[0], bidirectional=bidirectional)
     top, bottom = block[:top_rows], block[top_rows:]
+    visited = None  # what the previous step's visits computed
     for step in range(n):
         with jax.named_scope(f"gather_ring_step_{step}"):
-            # Issue the next transfers first, so they overlap this step's visit.
+            # Issue the next transfers first, so they overlap this step's visit; but only once the
+            # previous step's visit is done, which paces the ring at one transfer per visit.
             if step < n - 1:
-                next_top = lax.ppermute(top, axis_name, ring_perm(n, -1))
+                next_top = lax.ppermute(after(top, waits_for=visited), axis_name, ring_perm(n, -1))
                 if bottom_rows:
-                    next_bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1))
+                    next_bottom = lax.ppermute(after(bottom, waits_for=visited), axis_name, ring_perm(n, +1))
             if step == 0:
-                visit(me, 0, block)  # own block whole: one matmul, not two
+                visited = visit(me, 0, block)  # own block whole: one matmul, not two
             else:
-                visit(lax.rem(me + step, n), 0, top)
+                visited = visit(lax.rem(me + step, n), 0, top)
                 if bottom_rows:
-                    visit(lax.rem(me - step + n, n), top_rows, bottom)
+                    visited = (visited, visit(lax.rem(me - step + n, n), top_rows, bottom))
             if step < n - 1:
                 top = next_top
                 if bottom_rows:
                     bottom = next_bottom
+
+
+def fenced(value: jax.Array) -> jax.Array:
+    """``value``, computed apart: no consumer is fused into what computes it."""
+    return lax.optimization_barrier(value)
 
 
 #: contribution(owner, first_row, rows): this device's addend to those rows of ``owner``'s block.
@@ -114,11 +131,16 @@ def ring_reduce_scatter(
             incoming_top = lax.ppermute(top, axis_name, ring_perm(n, -1))
             if bottom_rows:
                 incoming_bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1))
-            # Computed while the accumulators are in flight.
-            top = incoming_top + contribution(lax.rem(me + step + 1, n), 0, top_rows)
+            # Computed while the accumulators are in flight: not before they are ready to leave (the
+            # owner's index waits for them, which paces the ring at one matmul per transfer), and
+            # fenced, so that a compiler cannot fuse the addition of what arrives into the matmul,
+            # which would make the matmul wait for the transfer.
+            leaving = (top, bottom)
+            owner = after(lax.rem(me + step + 1, n), waits_for=leaving)
+            top = incoming_top + fenced(contribution(owner, 0, top_rows))
             if bottom_rows:
-                owner = lax.rem(me - step - 1 + 2 * n, n)
-                bottom = incoming_bottom + contribution(owner, top_rows, bottom_rows)
+                owner = after(lax.rem(me - step - 1 + 2 * n, n), waits_for=leaving)
+                bottom = incoming_bottom + fenced(contribution(owner, top_rows, bottom_rows))
     return top if bottom is None else jnp.concatenate([top, bottom], axis=0)
 
 

@@ -5,7 +5,8 @@ module                 checks
 =====================  ==========================================================================
 ``values``             values, output_sharding, dtype, determinism, eager
 ``collectives``        collectives, cross_lowering, lowered_bytes (and the byte tables)
-``overlap``            overlap
+``overlap``            overlap (the dataflow of each module)
+``tpu_schedule``       tpu_schedule (overlap in the run order the real TPU compiler schedules)
 ``autodiff``           gradients, backward_collectives
 ``accuracy``           accuracy, backward_accuracy
 ``pallas``             tpu_layout, races, barrier_protocol
@@ -29,7 +30,16 @@ import importlib
 import pkgutil
 import types
 
-from conformance.checks import accuracy, autodiff, bad_inputs, collectives, overlap, pallas, values
+from conformance.checks import (
+    accuracy,
+    autodiff,
+    bad_inputs,
+    collectives,
+    overlap,
+    pallas,
+    tpu_schedule,
+    values,
+)
 from conformance.checks.accuracy import (
     BACKWARD_ACCURACY_CURE,
     BACKWARD_ACCURACY_HINT,
@@ -58,6 +68,7 @@ from conformance.checks.collectives import (
 )
 from conformance.checks.overlap import PALLAS_OVERLAP, OverlapRecord, check_overlap
 from conformance.checks.pallas import TpuLayoutRecord, check_barrier_protocol, check_races, check_tpu_layout
+from conformance.checks.tpu_schedule import TpuScheduleRecord, check_tpu_schedule
 from conformance.checks.values import (
     check_determinism,
     check_dtype,
@@ -70,7 +81,7 @@ from conformance.checks.values import (
 def _modules() -> tuple[types.ModuleType, ...]:
     """The built-in check modules in their order, then any other module of this package that lists
     ``CHECKS`` (a new check joins by being a module here)."""
-    builtin = (values, collectives, overlap, autodiff, accuracy, pallas, bad_inputs)
+    builtin = (values, collectives, overlap, tpu_schedule, autodiff, accuracy, pallas, bad_inputs)
     known = {m.__name__ for m in builtin} | {f"{__name__}.base"}
     more = []
     for info in pkgutil.iter_modules(__path__, f"{__name__}."):
@@ -102,6 +113,7 @@ __all__ = [
     "NotJudged",
     "OverlapRecord",
     "TpuLayoutRecord",
+    "TpuScheduleRecord",
     "allowed_collectives",
     "assert_backward_collectives",
     "audit_backward",
@@ -122,6 +134,7 @@ __all__ = [
     "check_overlap",
     "check_races",
     "check_tpu_layout",
+    "check_tpu_schedule",
     "check_values",
     "compiled_collectives",
     "fail",

@@ -33,11 +33,19 @@ returned no groups, would let the audit measure less than it says.
 
 The parts: :mod:`~conformance.hlo.model` (what is returned), :mod:`~conformance.hlo.replica_groups`,
 :mod:`~conformance.hlo.compiled` (HLO text), :mod:`~conformance.hlo.stablehlo` (lowered modules) and
-:mod:`~conformance.hlo.dataflow` (overlap).
+:mod:`~conformance.hlo.dataflow` (overlap, from dataflow and from a scheduled module's run order).
 """
 
 from conformance.hlo.compiled import HloModule, Instruction, collectives_of, parse_hlo, parse_module
-from conformance.hlo.dataflow import MATMUL_OPCODES, OverlapSummary, Transfer, overlap
+from conformance.hlo.dataflow import (
+    MATMUL_OPCODES,
+    OverlapSummary,
+    Schedule,
+    ScheduledTransfer,
+    Transfer,
+    overlap,
+    schedule,
+)
 from conformance.hlo.model import (
     COLLECTIVE_KINDS,
     CollectiveOp,
@@ -59,6 +67,8 @@ __all__ = [
     "HloParseError",
     "Instruction",
     "OverlapSummary",
+    "Schedule",
+    "ScheduledTransfer",
     "Shape",
     "Transfer",
     "collectives_of",
@@ -69,4 +79,5 @@ __all__ = [
     "parse_module",
     "parse_replica_groups",
     "parse_stablehlo",
+    "schedule",
 ]

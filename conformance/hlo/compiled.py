@@ -19,7 +19,7 @@ from conformance.hlo.replica_groups import _pairs, _participants, parse_replica_
 
 _COMPUTATION = re.compile(r"^\s*(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*(?:\(.*\))?.*\{\s*$")
 _INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
+    r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
     r"(?P<opcode>[a-z][a-z0-9\-]*)\((?P<rest>.*)$"
 )
 _ARRAY = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[0-9,]*)\]")
@@ -106,6 +106,8 @@ class Instruction:
     callees: tuple[str, ...]
     #: Instructions it must follow without reading their values (``control-predecessors={...}``).
     control_predecessors: tuple[str, ...] = ()
+    #: Whether it is its computation's ``ROOT``.
+    root: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +164,7 @@ def parse_module(text: str) -> HloModule:
                     attrs=attrs,
                     callees=_callees(attrs),
                     control_predecessors=tuple(_operand_names(control[1])) if control else (),
+                    root=inst["root"] is not None,
                 )
             )
             continue
@@ -186,7 +189,7 @@ def parse_module(text: str) -> HloModule:
             factor: int | None = 1
             if inst.opcode == "while":
                 trip = _TRIP.search(inst.attrs)
-                factor = int(trip[1]) if trip else None
+                factor = int(trip[1]) if trip else counted_trips(computations, comp, inst)
             for callee in inst.callees:
                 t = None if times is None or factor is None else times * factor
                 if callee in multiplicity:
@@ -202,6 +205,111 @@ def parse_module(text: str) -> HloModule:
         multiplicity=multiplicity,
         scheduled=scheduled,
     )
+
+
+_PASS_THROUGH = frozenset({"copy", "bitcast", "convert", "reshape"})
+_INDEX = re.compile(r"(?:^|[\s,])index=(\d+)")
+_DIRECTION = re.compile(r"direction=([A-Z]+)")
+_COMPARE = {
+    "LT": lambda a, b: a < b,
+    "LE": lambda a, b: a <= b,
+    "GT": lambda a, b: a > b,
+    "GE": lambda a, b: a >= b,
+    "NE": lambda a, b: a != b,
+}
+_SWAPPED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "NE": "NE"}
+#: A counted loop longer than this is not inferred (its count would be simulated step by step).
+_MAX_INFERRED_TRIPS = 1 << 20
+
+
+def counted_trips(
+    computations: dict[str, list[Instruction]] | dict[str, tuple[Instruction, ...]],
+    caller: str,
+    loop: Instruction,
+) -> int | None:
+    """The trip count of a counted ``while`` that carries none in its ``backend_config`` (XLA:TPU's
+    compiled modules drop ``known_trip_count``), read from the loop itself: a condition that compares
+    one tuple element with a constant, a body that adds a constant to that element, and an initial
+    value that is a constant. ``None`` for any other form (the loop is then of unknown trip count).
+
+    Values are followed through ``copy``, ``bitcast``, ``convert`` and ``reshape``, which compilers
+    put around loop counters; nothing else is assumed.
+    """
+    by_name = {c: {i.name: i for i in insts} for c, insts in computations.items()}
+    cond_name = re.search(r"\bcondition=%?([\w.\-]+)", loop.attrs)
+    body_name = re.search(r"\bbody=%?([\w.\-]+)", loop.attrs)
+    if not (cond_name and body_name and loop.operands):
+        return None
+    cond, body, outer = by_name.get(cond_name[1]), by_name.get(body_name[1]), by_name.get(caller)
+    if cond is None or body is None or outer is None:
+        return None
+
+    def source(insts: dict[str, Instruction], name: str) -> Instruction | None:
+        inst = insts.get(name)
+        while inst is not None and inst.opcode in _PASS_THROUGH and len(inst.operands) == 1:
+            inst = insts.get(inst.operands[0])
+        return inst
+
+    def constant(insts: dict[str, Instruction], name: str) -> int | None:
+        inst = source(insts, name)
+        if inst is None or inst.opcode != "constant" or len(inst.operands) != 1:
+            return None
+        try:
+            return int(inst.operands[0])
+        except ValueError:
+            return None
+
+    def element(insts: dict[str, Instruction], name: str) -> int | None:
+        """The tuple index of ``name`` if it is an element of the computation's parameter."""
+        inst = source(insts, name)
+        if inst is None or inst.opcode != "get-tuple-element":
+            return None
+        param = source(insts, inst.operands[0]) if inst.operands else None
+        index = _INDEX.search(inst.attrs)
+        return int(index[1]) if param is not None and param.opcode == "parameter" and index else None
+
+    def root(insts: dict[str, Instruction]) -> Instruction | None:
+        return next((i for i in insts.values() if i.root), None)
+
+    compare = root(cond)
+    direction = _DIRECTION.search(compare.attrs) if compare is not None else None
+    if compare is None or compare.opcode != "compare" or not direction or len(compare.operands) != 2:
+        return None
+    op = direction[1]
+    left, right = compare.operands
+    index, bound = element(cond, left), constant(cond, right)
+    if index is None or bound is None:
+        index, bound, op = element(cond, right), constant(cond, left), _SWAPPED.get(op, "")
+    if index is None or bound is None or op not in _COMPARE:
+        return None
+    update = root(body)
+    if update is None or update.opcode != "tuple" or index >= len(update.operands):
+        return None
+    step_inst = source(body, update.operands[index])
+    if step_inst is None or step_inst.opcode not in ("add", "subtract") or len(step_inst.operands) != 2:
+        return None
+    a, b = step_inst.operands
+    if element(body, a) == index and constant(body, b) is not None:
+        step = constant(body, b)
+    elif step_inst.opcode == "add" and element(body, b) == index and constant(body, a) is not None:
+        step = constant(body, a)
+    else:
+        return None
+    assert step is not None
+    step = -step if step_inst.opcode == "subtract" else step
+    init_tuple = source(outer, loop.operands[0])
+    if init_tuple is None or init_tuple.opcode != "tuple" or index >= len(init_tuple.operands):
+        return None
+    value = constant(outer, init_tuple.operands[index])
+    if value is None or step == 0:
+        return None
+    trips = 0
+    while _COMPARE[op](value, bound):
+        value += step
+        trips += 1
+        if trips > _MAX_INFERRED_TRIPS:
+            return None
+    return trips
 
 
 def _split_phase(opcode: str) -> tuple[str, str]:

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from conformance.hlo.compiled import HloModule, Instruction, _split_phase, collectives_of
-from conformance.hlo.model import COLLECTIVE_KINDS, CollectiveOp
+from conformance.hlo.model import COLLECTIVE_KINDS, CollectiveOp, _unknown
 
 MATMUL_OPCODES = frozenset({"dot", "convolution", "ragged-dot", "scaled-dot"})
 #: Custom-call targets that are a matmul (cuBLAS/cuBLASLt, oneDNN, XNNPACK and the like).
@@ -230,6 +230,107 @@ def _scheduled_overlap(
             pairs += 1
             bracketing += any(is_compute(x) for x in insts[start + 1 : i])
     return (bracketing, pairs) if pairs else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledTransfer:
+    """One transfer in a scheduled module's run order: an asynchronous ``-start`` .. ``-done`` span
+    (hidden if a matmul runs inside it) or a synchronous collective (never hidden)."""
+
+    kind: str
+    name: str  #: the ``-start`` (or the synchronous op)
+    computation: str
+    times: int  #: runs per call (a loop body's trips)
+    #: Matmuls (or kernels) scheduled between start and done.
+    inside: tuple[str, ...]
+    pattern: tuple  #: source-target pairs or replica groups: one ring direction each
+
+    @property
+    def hidden(self) -> bool:
+        return bool(self.inside)
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The transfers of a scheduled module, each judged by what runs inside its span."""
+
+    transfers: tuple[ScheduledTransfer, ...]
+    #: Per computation holding a transfer: its run order in letters, ``S``/``D`` an asynchronous
+    #: start/done, ``C`` a synchronous collective, ``M`` a matmul, ``W`` a loop; and its runs per call.
+    orders: tuple[tuple[str, int, str], ...]
+
+    @property
+    def total(self) -> int:
+        return sum(t.times for t in self.transfers)
+
+    @property
+    def hidden(self) -> int:
+        return sum(t.times for t in self.transfers if t.hidden)
+
+    @property
+    def rings(self) -> int:
+        """Distinct transfer patterns: one per ring direction."""
+        return len({(t.kind, t.pattern) for t in self.transfers})
+
+    @property
+    def fraction(self) -> str:
+        return f"{self.hidden}/{self.total}"
+
+    def order_text(self) -> str:
+        return "; ".join(
+            f"{order}" + (f" (x{times}, loop {comp})" if times != 1 else "")
+            for comp, times, order in self.orders
+        )
+
+
+def schedule(module: HloModule) -> Schedule:
+    """The transfers of a scheduled module (``is_scheduled=true``: text order is run order), each with
+    the matmuls that run inside its span, counted per call through loops (trip counts from
+    ``known_trip_count`` or inferred from a counted loop, :func:`~conformance.hlo.compiled.counted_trips`).
+
+    Raises :class:`~conformance.hlo.HloParseError` quoting what it cannot read: a module that is not
+    scheduled, a transfer in a loop whose trips it cannot count, a ``-done`` whose ``-start`` is in
+    another computation.
+    """
+    if not module.scheduled:
+        raise _unknown("a module that is not scheduled", "HloModule ... (no is_scheduled=true)")
+    is_compute = _computes(module)
+    collectives = {(op.computation, op.name): op for op in collectives_of(module).ops}
+    transfers, orders = [], []
+    for comp, insts in module.computations.items():
+        if comp not in module.multiplicity:
+            continue
+        times = module.multiplicity[comp]
+        position = {inst.name: i for i, inst in enumerate(insts)}
+        letters = []
+        for i, inst in enumerate(insts):
+            base, phase = _split_phase(inst.opcode)
+            if base in COLLECTIVE_KINDS:
+                letters.append({"start": "S", "done": "D", "sync": "C"}[phase])
+                if phase == "start":
+                    continue
+                if times is None:
+                    raise _unknown(
+                        "a transfer in a loop whose trip count is neither in its backend_config nor "
+                        "that of a counted loop",
+                        f"{inst.name} in computation {comp}",
+                    )
+                start = i
+                if phase == "done":
+                    start = position.get(inst.operands[0]) if inst.operands else None
+                    if start is None:
+                        raise _unknown(f"a {inst.opcode} whose start is not in its computation", inst.name)
+                op = collectives[(comp, insts[start].name)]
+                inside = tuple(f"{is_compute(x)} {x.name}" for x in insts[start + 1 : i] if is_compute(x))
+                pattern = op.source_target_pairs or op.replica_groups or ()
+                transfers.append(ScheduledTransfer(base, insts[start].name, comp, times, inside, pattern))
+            elif inst.opcode == "while":
+                letters.append("W")
+            elif is_compute(inst):
+                letters.append("M")
+        if any(ch in "SDC" for ch in letters):
+            orders.append((comp, times, "".join(letters)))
+    return Schedule(tuple(transfers), tuple(orders))
 
 
 # ----------------------------------------------------------------------------- StableHLO

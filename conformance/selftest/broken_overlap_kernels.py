@@ -6,6 +6,9 @@ sharding and dtype. None can hide a transfer behind a matmul: the data all arriv
 one matmul starts, the one matmul ends before any data leaves, or each transfer and matmul
 waits for the one before. The overlap check must reject each, and nothing else may.
 
+One more is right even in its dataflow (every transfer could hide) but not in the schedule XLA:TPU
+gives it: the real TPU schedule (``tpu_schedule``) must reject it with the others.
+
 ``EXPECTED_REJECTION`` names that check; ``EXPECTED_PASS`` the checks each must pass (its values,
 collectives and bytes are right), which the self-test runs too.
 """
@@ -30,6 +33,15 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_mrs_each_matmul_waits_for_the_transfer": "test_overlap",
 }
 EXPECTED_MESSAGE: dict[str, str] = {impl: "no matmul is independent of it" for impl in EXPECTED_REJECTION}
+#: What the real TPU schedule rejects (``tpu_schedule``): every kernel above, and a ring whose
+#: dataflow lets every transfer hide but whose schedule XLA:TPU clusters (its transfers back to back,
+#: then its matmuls), with the transfers left to the scheduler's cost model. Compiled for a v5e slice
+#: of 8 chips at the family's 1 MiB ladder size (the unpaced ring hides 2-3 of 7 there, libtpu
+#: 0.0.17 to 0.0.50).
+EXPECTED_TPU_SCHEDULE_REJECTION: tuple[str, ...] = (
+    *EXPECTED_REJECTION,
+    "broken_agmm_ring_left_to_the_scheduler",
+)
 #: What each must pass: the defect is invisible to every other check.
 EXPECTED_PASS: dict[str, set[str]] = {
     impl: {"test_values", "test_collectives", "test_output_sharding", "test_lowered_bytes"}
@@ -114,6 +126,27 @@ def broken_agmm_each_transfer_waits_for_its_matmul(lhs, rhs, *, mesh, axis_name)
             if step < n - 1:
                 block, _ = lax.optimization_barrier((block, product))
                 block = lax.ppermute(block, axis_name, _left(n))
+        return out
+
+    return _allgather_matmul(per_device, lhs, rhs, mesh, axis_name)
+
+
+@conformance.register("allgather_matmul", name="broken_agmm_ring_left_to_the_scheduler")
+def broken_agmm_ring_left_to_the_scheduler(lhs, rhs, *, mesh, axis_name):
+    """The textbook ring: each step's transfer issued before the matmul of the block in hand, every
+    transfer independent of that matmul (the dataflow check passes it). Nothing paces it, and XLA:TPU's
+    scheduler runs the first transfers back to back and several matmuls inside the last ones."""
+    n = validate_allgather_matmul("broken_agmm_ring_left_to_the_scheduler", lhs, rhs, mesh, axis_name)
+
+    def per_device(lhs_block, rhs_block):
+        m, me = lhs_block.shape[0], lax.axis_index(axis_name)
+        out = jnp.zeros((m * n, rhs_block.shape[1]), lhs_block.dtype)
+        block = lhs_block
+        for step in range(n):
+            incoming = lax.ppermute(block, axis_name, _left(n)) if step < n - 1 else None
+            product = _dot(block, rhs_block).astype(lhs_block.dtype)
+            out = lax.dynamic_update_slice(out, product, (((me + step) % n) * m, 0))
+            block = incoming
         return out
 
     return _allgather_matmul(per_device, lhs, rhs, mesh, axis_name)

@@ -112,4 +112,10 @@ ALLGATHER_MATMUL = FamilySpec(
         "it)"
     ),
     tpu_native_dims={"rows_per_shard": 32, "K": 128, "cols_per_shard": 128},
+    # Per hop a device sends its [rows_per_shard, K] block: 256 KiB, 1 MiB, 4 MiB of bfloat16.
+    schedule_ladder=(
+        {"rows_per_shard": 256, "K": 512, "cols_per_shard": 1024},
+        {"rows_per_shard": 512, "K": 1024, "cols_per_shard": 1024},
+        {"rows_per_shard": 1024, "K": 2048, "cols_per_shard": 1024},
+    ),
 )

@@ -123,6 +123,10 @@ class FamilySpec:
     #: How a kernel of the family hides its transfers (the overlap check's failure text); empty: the
     #: family has no compute to hide them behind, and the overlap check does not run for it.
     overlap: str = ""
+    #: bfloat16 dims the scheduled-overlap check compiles for TPU topologies, smallest first: a
+    #: ladder of realistic per-hop transfers (a few hundred KiB to several MiB), at which XLA:TPU's
+    #: scheduler decides differently (:mod:`conformance.checks.tpu_schedule`).
+    schedule_ladder: tuple[Mapping[str, int], ...] = ()
 
     # -- TPU layout: what a Pallas kernel compiled for TPU chips must accept
     #: Dims at which every buffer fills whole TPU tiles for every dtype of the

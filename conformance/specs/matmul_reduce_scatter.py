@@ -112,4 +112,11 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
         "local operands, and only the running sum waits for the transfer"
     ),
     tpu_native_dims={"rows_per_shard": 32, "k_per_shard": 128, "cols": 128},
+    # Per hop a device sends a [rows_per_shard, cols] partial sum, float32 for bfloat16 inputs:
+    # 256 KiB, 1 MiB, 4 MiB.
+    schedule_ladder=(
+        {"rows_per_shard": 256, "k_per_shard": 512, "cols": 256},
+        {"rows_per_shard": 512, "k_per_shard": 512, "cols": 512},
+        {"rows_per_shard": 1024, "k_per_shard": 1024, "cols": 1024},
+    ),
 )

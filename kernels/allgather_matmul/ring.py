@@ -64,10 +64,11 @@ def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidi
     m = lhs_block.shape[0]
     out = jnp.zeros((m * n, rhs_block.shape[1]), lhs_block.dtype)
 
-    def multiply_into_rows(owner: jax.Array, first: int, rows: jax.Array) -> None:
+    def multiply_into_rows(owner: jax.Array, first: int, rows: jax.Array) -> jax.Array:
         nonlocal out
         product = dot(rows, rhs_block).astype(lhs_block.dtype)
         out = lax.dynamic_update_slice(out, product, (owner * m + first, 0))
+        return product
 
     ring_gather_visit(lhs_block, axis_name, multiply_into_rows, bidirectional=bidirectional)
     return out
@@ -80,10 +81,11 @@ def _backward(
     with jax.named_scope("d_rhs_gather_ring"):
         d_rhs = jnp.zeros(rhs_block.shape, dot(lhs_block[:1].T, ct[:1]).dtype)
 
-        def contract_with_ct_rows(owner: jax.Array, first: int, rows: jax.Array) -> None:
+        def contract_with_ct_rows(owner: jax.Array, first: int, rows: jax.Array) -> jax.Array:
             nonlocal d_rhs
             ct_rows = lax.dynamic_slice_in_dim(ct, owner * m + first, rows.shape[0])
             d_rhs = d_rhs + dot(rows.T, ct_rows)
+            return d_rhs
 
         ring_gather_visit(lhs_block, axis_name, contract_with_ct_rows, bidirectional=bidirectional)
     with jax.named_scope("d_lhs_reduce_scatter_ring"):

@@ -66,12 +66,14 @@ def _backward(
     d_lhs = jnp.zeros(lhs_block.shape, lhs_block.dtype)
     d_rhs = jnp.zeros(rhs_block.shape, dot(lhs_block[:1].T, ct[:1]).dtype)
 
-    def both_gradients(owner: jax.Array, first: int, ct_rows: jax.Array) -> None:
+    def both_gradients(owner: jax.Array, first: int, ct_rows: jax.Array) -> tuple[jax.Array, jax.Array]:
         nonlocal d_lhs, d_rhs
         start = owner * m + first
-        d_lhs = lax.dynamic_update_slice(d_lhs, dot(ct_rows, rhs_block.T).astype(d_lhs.dtype), (start, 0))
+        d_lhs_rows = dot(ct_rows, rhs_block.T).astype(d_lhs.dtype)
+        d_lhs = lax.dynamic_update_slice(d_lhs, d_lhs_rows, (start, 0))
         lhs_rows = lax.dynamic_slice_in_dim(lhs_block, start, ct_rows.shape[0])
         d_rhs = d_rhs + dot(lhs_rows.T, ct_rows)
+        return d_lhs_rows, d_rhs
 
     with jax.named_scope("cotangent_gather_ring"):
         ring_gather_visit(ct, axis_name, both_gradients, bidirectional=bidirectional)
