@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance import checks, claims, compat, registry, runner, specs, strategies
-from conformance.checks import tpu_schedule
+from conformance.checks import tpu_memory, tpu_schedule
 from conformance.checks.base import Axes, Check
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
 from conformance.outcomes import run_here
@@ -210,6 +210,29 @@ def test_tpu_schedule(
     if not cases:
         raise claims.NotClaimed(implementation, f"none of the {len(ladder)} ladder sizes: {not_claimed[0]}")
     run_gathered(checks.CHECKS["tpu_schedule"], cases, conformance_session, what="sizes")
+
+
+@pytest.mark.cpu
+@pytest.mark.conformance_axes(
+    Axes(platforms=False, meshes=tpu_schedule.SCHEDULE_MESHES, families_with="tpu_native_dims")
+)
+def test_tpu_memory(
+    family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
+) -> None:
+    """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's
+    ladder (bfloat16): peak memory per chip within a stated ratio of the baseline's."""
+    sizes, cases, not_claimed = tpu_memory.memory_dims(family), [], []
+    for dims in sizes:
+        why = claims.reason(
+            family, implementation, platform="tpu", mesh=mesh_config, dims=dims, dtype="bfloat16"
+        )
+        if why is None:
+            cases.append(Case.make(family, implementation, mesh_config, dims, "bfloat16"))
+        else:
+            not_claimed.append(why)
+    if not cases:
+        raise claims.NotClaimed(implementation, f"none of the {len(sizes)} sizes: {not_claimed[0]}")
+    run_gathered(checks.CHECKS["tpu_memory"], cases, conformance_session, what="sizes")
 
 
 def run_gathered(check: Check, cases: list[Case], session: Session, *, what: str) -> None:

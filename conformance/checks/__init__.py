@@ -7,6 +7,7 @@ module                 checks
 ``collectives``        collectives, cross_lowering, lowered_bytes (and the byte tables)
 ``overlap``            overlap (the dataflow of each module)
 ``tpu_schedule``       tpu_schedule (overlap in the run order the real TPU compiler schedules)
+``tpu_memory``         tpu_memory (peak memory the real TPU compiler reserves, beside the baseline's)
 ``autodiff``           gradients, backward_collectives
 ``accuracy``           accuracy, backward_accuracy
 ``pallas``             tpu_layout, races, barrier_protocol
@@ -37,6 +38,7 @@ from conformance.checks import (
     collectives,
     overlap,
     pallas,
+    tpu_memory,
     tpu_schedule,
     values,
 )
@@ -68,6 +70,7 @@ from conformance.checks.collectives import (
 )
 from conformance.checks.overlap import PALLAS_OVERLAP, OverlapRecord, check_overlap
 from conformance.checks.pallas import TpuLayoutRecord, check_barrier_protocol, check_races, check_tpu_layout
+from conformance.checks.tpu_memory import TpuMemoryRecord, check_tpu_memory
 from conformance.checks.tpu_schedule import TpuScheduleRecord, check_tpu_schedule
 from conformance.checks.values import (
     check_determinism,
@@ -81,7 +84,7 @@ from conformance.checks.values import (
 def _modules() -> tuple[types.ModuleType, ...]:
     """The built-in check modules in their order, then any other module of this package that lists
     ``CHECKS`` (a new check joins by being a module here)."""
-    builtin = (values, collectives, overlap, tpu_schedule, autodiff, accuracy, pallas, bad_inputs)
+    builtin = (values, collectives, overlap, tpu_schedule, tpu_memory, autodiff, accuracy, pallas, bad_inputs)
     known = {m.__name__ for m in builtin} | {f"{__name__}.base"}
     more = []
     for info in pkgutil.iter_modules(__path__, f"{__name__}."):
@@ -113,6 +116,7 @@ __all__ = [
     "NotJudged",
     "OverlapRecord",
     "TpuLayoutRecord",
+    "TpuMemoryRecord",
     "TpuScheduleRecord",
     "allowed_collectives",
     "assert_backward_collectives",
@@ -134,6 +138,7 @@ __all__ = [
     "check_overlap",
     "check_races",
     "check_tpu_layout",
+    "check_tpu_memory",
     "check_tpu_schedule",
     "check_values",
     "compiled_collectives",

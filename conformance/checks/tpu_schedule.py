@@ -79,22 +79,39 @@ def check_tpu_schedule(case: Case) -> list[TpuScheduleRecord]:
     return records
 
 
-def _judge(case: Case, topology: str, records: list[TpuScheduleRecord]) -> None:
-    impl = case.implementation
+@functools.lru_cache(maxsize=64)
+def compiled_on_topology(case: Case, topology: str) -> Any:
+    """``case``'s kernel compiled by the real TPU compiler for ``topology`` (its forward pass, on a
+    mesh of the case's shape over the topology's chips): one compile shared by every check of the TPU
+    tier. :class:`~conformance.tpu_compiler.CompilerRefusal` where the compiler refuses it."""
     mesh = tpu_compiler.mesh_on(case.mesh, topology)
-    fn = functools.partial(impl.fn, mesh=mesh, axis_name=case.mesh.axis_name)
-    args = runner.abstract_args(case, mesh=mesh)
-    judge = tpu_compiler.Judge(tpu_compiler.libtpu_version(), topology).describe()
+    fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
+    return tpu_compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh))
 
-    def compiled_text() -> str:
+
+def compiled_or_fail(case: Case, topology: str, check: str) -> Any:
+    """:func:`compiled_on_topology`; the compiler's refusal is the kernel's failure, quoted."""
+
+    def compile_it() -> Any:
         try:
-            return tpu_compiler.compile_on(fn, args).as_text()
+            return compiled_on_topology(case, topology)
         except tpu_compiler.CompilerRefusal as refusal:
             raise fail(
-                case, "tpu_schedule", f"the TPU compiler refuses it ({topology})", [f"compiler : {refusal}"]
+                case, check, f"the TPU compiler refuses it ({topology})", [f"compiler       : {refusal}"]
             ) from refusal
 
-    module = hlo.parse_module(call_kernel(case, "tpu_schedule", compiled_text))
+    return call_kernel(case, check, compile_it)
+
+
+def judge_of(topology: str) -> str:
+    """``libtpu 0.0.42.1 (v5e:2x4)``: who gave a TPU-tier verdict."""
+    return tpu_compiler.Judge(tpu_compiler.libtpu_version(), topology).describe()
+
+
+def _judge(case: Case, topology: str, records: list[TpuScheduleRecord]) -> None:
+    impl = case.implementation
+    judge = judge_of(topology)
+    module = hlo.parse_module(compiled_or_fail(case, topology, "tpu_schedule").as_text())
     scheduled = hlo.schedule(module)
     records.append(
         TpuScheduleRecord(

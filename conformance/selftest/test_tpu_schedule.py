@@ -193,3 +193,43 @@ def test_an_unscheduled_module_is_refused() -> None:
     text = _counted().replace(", is_scheduled=true", "")
     with pytest.raises(hlo.HloParseError, match="not scheduled"):
         hlo.schedule(hlo.parse_module(text))
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@needs_libtpu
+def test_memory_rejects_a_kernel_that_keeps_every_step() -> None:
+    import conformance.selftest.broken_memory_kernels  # noqa: F401
+
+    case = Case.make(
+        "allgather_matmul",
+        "broken_agmm_keeps_every_step",
+        parse_mesh("8-x-explicit"),
+        specs.get("allgather_matmul").schedule_ladder[0],
+        "bfloat16",
+    )
+    outcome = run_here(checks.CHECKS["tpu_memory"], case, Session())
+    if not hasattr(jax.stages.Compiled, "memory_analysis") or outcome.verdict == "not_judged":
+        assert "peak_memory_in_bytes" in outcome.skip_reason, outcome  # jaxlib 0.6.2: no peak to judge
+        return
+    assert outcome.verdict == "failed", outcome
+    message = str(outcome.failure)
+    assert "its peak memory is" in message and "the baseline's (v5e:2x4)" in message, message
+    assert "xla_allgather_matmul, the baseline, same shapes" in message, message
+
+
+@needs_libtpu
+def test_memory_passes_the_rings_and_records_the_baseline() -> None:
+    case = Case.make(
+        "allgather_matmul",
+        "ring_allgather_matmul_bidirectional",
+        parse_mesh("8-x-explicit"),
+        specs.get("allgather_matmul").schedule_ladder[0],
+        "bfloat16",
+    )
+    outcome = run_here(checks.CHECKS["tpu_memory"], case, Session())
+    assert outcome.verdict in ("passed", "not_judged"), outcome
+    for record in outcome.records:
+        assert record.baseline_impl == "xla_allgather_matmul" and record.code > 0, record
+        assert record.peak is None or record.ratio <= checks.tpu_memory.PEAK_RATIO, record
