@@ -193,8 +193,9 @@ def operand_shardings(
     return tuple(NamedSharding(mesh, op.spec(axis)) for op in case.spec.operands)
 
 
-def expected_out_sharding(case: Case) -> NamedSharding:
-    return NamedSharding(mesh_of(case), case.spec.out_spec(case.mesh.axis_name))
+def expected_out_sharding(case: Case, *, mesh: jax.sharding.Mesh | None = None) -> NamedSharding:
+    """The result's sharding on ``mesh`` (default: the case's own, :func:`mesh_of`)."""
+    return NamedSharding(mesh or mesh_of(case), case.spec.out_spec(case.mesh.axis_name))
 
 
 def global_value(array: jax.Array) -> np.ndarray:

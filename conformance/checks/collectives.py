@@ -8,7 +8,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from conformance import compat, hlo, runner
+from conformance import compat, hlo, runner, tpu_compiler
+from conformance.checks import tpu_schedule
 from conformance.checks.base import (
     Axes,
     Check,
@@ -115,7 +116,8 @@ def _judge(case: Case, summary: hlo.CollectiveSummary, ops: list[str], allowed: 
 
 
 def check_lowered_bytes(case: Case) -> list[ByteRecord]:
-    """16-bit traffic, forward and backward, in the modules lowered for the implementation's targets.
+    """16-bit traffic, forward and backward, in the modules lowered for the implementation's targets;
+    for TPU, where libtpu is installed, in the module the real TPU compiler compiles instead.
 
     XLA CPU converts bfloat16 and float16 to float32 before every transfer, so the compiled
     module can audit float32 only; a module lowered for TPU or CUDA keeps the real types. The
@@ -146,6 +148,9 @@ def check_lowered_bytes(case: Case) -> list[ByteRecord]:
 def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limited: list[str]) -> None:
     impl, itemsize, n = case.implementation, runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
     for target in impl.lowering_targets:
+        if target == "tpu" and not impl.pallas and tpu_compiler.available():
+            _compiled_for_tpu(case, [p[0] for p in passes], records)
+            continue
         for name, lower, bound_of, bound_text in passes:
             lowered = lower_or_note_limit(
                 case, "lowered_bytes", f"the {name} pass", lower, target, host_limited
@@ -167,6 +172,60 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
                     [f"  {op.describe()}" for op in summary.ops],
                     module=f"module lowered for {target}",
                 )
+
+
+def _compiled_for_tpu(case: Case, pass_names: list[str], records: list[ByteRecord]) -> None:
+    """The forward (and backward) pass compiled by the real TPU compiler for the TPU topology of the
+    case's mesh: its collectives the family allows, its bytes within the bound, read from the
+    module XLA:TPU really runs (loops counted per trip, what a compiler removed gone)."""
+    spec, impl = case.spec, case.implementation
+    itemsize, n = runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
+    topology = tpu_compiler.topology_for(case.mesh.num_devices)
+    for name in pass_names:
+        backward = name == "backward"
+        compile_it = (
+            tpu_schedule.compiled_pullback_on_topology if backward else tpu_schedule.compiled_on_topology
+        )
+
+        def text(compile_it=compile_it, name=name) -> str:
+            try:
+                return compile_it(case, topology).as_text()
+            except tpu_compiler.CompilerRefusal as refusal:
+                what = f"the TPU compiler refuses its {name} pass ({topology})"
+                raise fail(case, "lowered_bytes", what, [f"compiler       : {refusal}"]) from refusal
+
+        summary = hlo.parse_hlo(call_kernel(case, "lowered_bytes", text))
+        bound_of = spec.backward_max_received_bytes if backward else spec.max_received_bytes
+        bound = bound_of(case.dims_map, n, itemsize)
+        where = f"{case.mesh.label} tpu {name} compiled ({topology})"
+        records.append(ByteRecord.of(case, summary, bound, where=where))
+        if impl.baseline:
+            continue
+        ops = [f"  {op.describe()}" for op in summary.ops]
+        allowed = spec.backward_allowed_collectives if backward else allowed_collectives(case)
+        bad = hlo.disallowed(summary, allowed)
+        if bad:
+            raise fail(
+                case,
+                "lowered_bytes",
+                f"the {name} pass compiled for TPU ({topology}) uses collectives the family forbids",
+                [
+                    f"allowed        : {', '.join(sorted(allowed))}",
+                    "collectives in the compiled module:",
+                    *ops,
+                ],
+            )
+        check_byte_bound(
+            case,
+            "lowered_bytes",
+            f"the {name} pass compiled for TPU ({topology}) moves more {case.dtype} bytes than its math "
+            "needs",
+            summary.received_bytes_per_device(),
+            bound,
+            spec.backward_byte_bound_text if backward else spec.byte_bound_text,
+            ops,
+            module=f"module the TPU compiler compiled for {topology}",
+        )
 
 
 def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> None:
@@ -240,7 +299,9 @@ CHECKS = (
         "lowered_bytes",
         check_lowered_bytes,
         tables=lambda records: byte_table(
-            "16-bit: bytes received per device / bound (modules lowered for each target)", records
+            "16-bit: bytes received per device / bound (modules lowered for each target; for TPU, where libtpu "
+            "is installed, compiled by the real TPU compiler)",
+            records,
         ),
         axes=Axes(dtypes="sixteen_bit_dtypes"),
         doc="bfloat16/float16 bytes per device, forward and backward, in the modules lowered for targets.",

@@ -20,6 +20,9 @@ import functools
 from collections import defaultdict
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from conformance import compat, hlo, runner, tpu_compiler
 from conformance.checks.base import Check, NotJudged, call_kernel, fail, keeping
 from conformance.checks.overlap import PALLAS_OVERLAP
@@ -87,6 +90,21 @@ def compiled_on_topology(case: Case, topology: str) -> Any:
     mesh = tpu_compiler.mesh_on(case.mesh, topology)
     fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
     return tpu_compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh))
+
+
+@functools.lru_cache(maxsize=32)
+def compiled_pullback_on_topology(case: Case, topology: str) -> Any:
+    """``case``'s VJP (:func:`conformance.runner.pullback_of`: the backward pass as a training step
+    runs it) compiled by the real TPU compiler for ``topology``."""
+    mesh = tpu_compiler.mesh_on(case.mesh, topology)
+    fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
+    out = runner.expected_out_sharding(case, mesh=mesh)
+    cotangent = jax.ShapeDtypeStruct(case.out_shape, jnp.dtype(case.dtype), sharding=out)
+    args = (*runner.abstract_args(case, mesh=mesh), cotangent)
+    try:
+        return runner.pullback_of(fn).lower(*args).compile()
+    except Exception as e:
+        raise tpu_compiler.CompilerRefusal(f"{type(e).__name__}: {tpu_compiler.first_lines(str(e))}") from e
 
 
 def compiled_or_fail(case: Case, topology: str, check: str) -> Any:
