@@ -299,8 +299,8 @@ CHECKS = (
         "lowered_bytes",
         check_lowered_bytes,
         tables=lambda records: byte_table(
-            "16-bit: bytes received per device / bound (modules lowered for each target; for TPU, where libtpu "
-            "is installed, compiled by the real TPU compiler)",
+            "16-bit: bytes received per device / bound (modules lowered for each target; for TPU, "
+            "where libtpu is installed, compiled by the real TPU compiler)",
             records,
         ),
         axes=Axes(dtypes="sixteen_bit_dtypes"),
