@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance import checks, claims, compat, registry, runner, specs, strategies
-from conformance.checks import tpu_memory, tpu_schedule
+from conformance.checks import tpu_memory, tpu_pod, tpu_schedule
 from conformance.checks.base import Axes, Check
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
 from conformance.outcomes import run_here
@@ -233,6 +233,23 @@ def test_tpu_memory(
     if not cases:
         raise claims.NotClaimed(implementation, f"none of the {len(sizes)} sizes: {not_claimed[0]}")
     run_gathered(checks.CHECKS["tpu_memory"], cases, conformance_session, what="sizes")
+
+
+@pytest.mark.cpu
+@pytest.mark.conformance_axes(
+    Axes(platforms=False, meshes=tpu_pod.POD_MESHES, families_with="tpu_native_dims")
+)
+def test_tpu_pod(
+    family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
+) -> None:
+    """Compiled by the real TPU compiler for a whole v5e slice of 64 and of 256 chips at the family's
+    TPU-native dims (bfloat16), or refused by the kernel naming its limit."""
+    dims = dict(specs.get(family).tpu_native_dims or {})
+    why = claims.reason(family, implementation, platform="tpu", mesh=mesh_config, dims=dims, dtype="bfloat16")
+    if why is not None:
+        raise claims.NotClaimed(implementation, why)
+    case = Case.make(family, implementation, mesh_config, dims, "bfloat16")
+    run_gathered(checks.CHECKS["tpu_pod"], [case], conformance_session, what="pod slices")
 
 
 def run_gathered(check: Check, cases: list[Case], session: Session, *, what: str) -> None:

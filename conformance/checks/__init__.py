@@ -8,6 +8,7 @@ module                 checks
 ``overlap``            overlap (the dataflow of each module)
 ``tpu_schedule``       tpu_schedule (overlap in the run order the real TPU compiler schedules)
 ``tpu_memory``         tpu_memory (peak memory the real TPU compiler reserves, beside the baseline's)
+``tpu_pod``            tpu_pod (compiles for 64 and 256 chips, or refuses naming the limit)
 ``autodiff``           gradients, backward_collectives
 ``accuracy``           accuracy, backward_accuracy
 ``pallas``             tpu_layout, races, barrier_protocol
@@ -39,6 +40,7 @@ from conformance.checks import (
     overlap,
     pallas,
     tpu_memory,
+    tpu_pod,
     tpu_schedule,
     values,
 )
@@ -84,7 +86,18 @@ from conformance.checks.values import (
 def _modules() -> tuple[types.ModuleType, ...]:
     """The built-in check modules in their order, then any other module of this package that lists
     ``CHECKS`` (a new check joins by being a module here)."""
-    builtin = (values, collectives, overlap, tpu_schedule, tpu_memory, autodiff, accuracy, pallas, bad_inputs)
+    builtin = (
+        values,
+        collectives,
+        overlap,
+        tpu_schedule,
+        tpu_memory,
+        tpu_pod,
+        autodiff,
+        accuracy,
+        pallas,
+        bad_inputs,
+    )
     known = {m.__name__ for m in builtin} | {f"{__name__}.base"}
     more = []
     for info in pkgutil.iter_modules(__path__, f"{__name__}."):

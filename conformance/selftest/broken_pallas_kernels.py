@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 import conformance
 from conformance import compat
 from conformance.kernels.all_gather.pallas_ring import (
+    _all_gather,
     pallas_ring_all_gather_bidirectional,
     pallas_ring_all_gather_unidirectional,
 )
@@ -37,6 +38,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_leaves_send_counts": "test_races",
     "broken_pallas_refuses_every_tpu_shape": "test_tpu_layout",
     "broken_pallas_refuses_what_the_compiler_compiles": "test_tpu_layout",
+    "broken_pallas_semaphores_per_step": "test_tpu_pod",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_waits_for_missing_signal": "did not finish within",
@@ -47,6 +49,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_untiled_halves": "the TPU compiler refuses this shape",
     "broken_pallas_refuses_every_tpu_shape": "refuses the family's TPU-native shape",
     "broken_pallas_refuses_what_the_compiler_compiles": "refuses a shape the TPU compiler compiles",
+    # libtpu 0.0.42: "RESOURCE_EXHAUSTED ... Ran out of memory in memory space sflag", quoted below it
+    "broken_pallas_semaphores_per_step": "the TPU compiler refuses it on 256 chips",
     "broken_pallas_dma_before_barrier_wait": "before the kernel waits on its barrier semaphore",
     # where: JAX's interpreter raised, at the kernel's semaphore_signal naming a 1-coordinate peer
     "broken_pallas_one_coordinate_device_id": "broken_pallas_kernels.py:",
@@ -281,3 +285,23 @@ def broken_pallas_refuses_what_the_compiler_compiles(x, *, mesh, axis_name, inte
             f"broken_pallas_refuses_what_the_compiler_compiles: {rows} rows per shard, not a multiple of 16"
         )
     return pallas_ring_all_gather_unidirectional(x, mesh=mesh, axis_name=axis_name, interpret=interpret)
+
+
+@conformance.register(
+    "all_gather",
+    name="broken_pallas_semaphores_per_step",
+    pallas=True,
+    description="the built-in two-way ring with a receive and a send semaphore per ring step and direction "
+    "(4(n-1)+1 DMA semaphores, the suite's own earlier design): race-free, and more semaphores than a "
+    "TPU core has on a ring of 256",
+)
+def broken_pallas_semaphores_per_step(x, *, mesh, axis_name, interpret=False):
+    return _all_gather(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=True,
+        name="broken_pallas_semaphores_per_step",
+        in_flight=None,
+    )

@@ -17,22 +17,32 @@ Synchronisation, and why it is race-free:
    semaphore of both neighbours and waits for two signals, so no DMA targets a
    device that has not yet entered the kernel (its output buffer and
    semaphores would not exist yet).
-2. *One receive semaphore per ring step and direction.* The DMA of step s
-   signals ``recv[s]`` on its target. A device forwards at step s the slot it
-   received at step s-1 only after waiting on ``recv[s-1]``. A DMA semaphore
-   wait is a byte count, so with a single semaphore reused for every step (the
-   seed kernel's design) a neighbour running one step ahead can satisfy the
-   wait for step s-1 with the bytes of step s, and the device forwards a slot
-   that has not arrived. With a semaphore per step, only the step-(s-1)
-   transfer can signal ``recv[s-1]``: a neighbour running ahead signals a
-   different semaphore. TPU interpret mode's ``dma_execution_mode="on_wait"``,
-   which runs DMAs as late and out of order as the waits allow, is the test.
+2. *Receive semaphores that no other transfer can signal, two per direction.*
+   The DMA of step s signals ``recv[s % 2]`` on its target, and a device
+   forwards at step s the slot it received at step s-1 only after waiting on
+   ``recv[(s-1) % 2]``. A DMA semaphore wait is a byte count, so with a single
+   semaphore reused for every step (the seed kernel's design) a neighbour
+   running one step ahead can satisfy the wait for step s-1 with the bytes of
+   step s, and the device forwards a slot that has not arrived. Here the only
+   other transfer that signals ``recv[(s-1) % 2]`` is step s+1's, and the
+   sender may not start it before the receiver has waited for step s-1: after
+   that wait the receiver signals a *credit* (a regular semaphore) on the
+   sender, and the sender waits for one credit before each step from the
+   third on (and for its own send of two steps back, whose semaphore it reuses).
+   At most two steps are in flight on a link, so the kernel's semaphores do not
+   grow with the ring: 8 DMA semaphores, 2 credit semaphores and a copy
+   semaphore on any ring (a semaphore per step, 4(n-1)+1 of them, ran out of
+   the TPU core's semaphore memory above 110 chips). TPU interpret mode's
+   ``dma_execution_mode="on_wait"``, which runs DMAs as late and out of order
+   as the waits allow, is the test.
 3. *Each slot is written once.* Device d receives slots d-1, ..., d-(n-1) in
    one direction, never its own and never twice, so no write-after-read or
    write-after-write hazard exists on the output buffer.
-4. *Every DMA is waited before exit.* Each device waits for all its sends
-   (``send[s]``) and for the last receive of each direction, so no transfer is
-   in flight into or out of a buffer after the kernel returns.
+4. *Every DMA is waited before exit, every credit consumed.* Each device waits
+   for all its sends and for the last receive of each direction, so no transfer
+   is in flight into or out of a buffer after the kernel returns; a receiver
+   gives a credit only for a step whose semaphore its sender will reuse, so
+   every credit is waited for and no semaphore keeps a count.
 
 Gradient. ``jax.custom_vjp`` around the ``shard_map``: the transpose of a
 replicated all-gather is a slice of the cotangent (no collective). The
@@ -58,7 +68,8 @@ every shape runs, odd and 1-row shards split ``ceil``/``floor``.
 Limits. One mesh axis per call; the other axes of a 2-D mesh are replicated and
 addressed by their own coordinates. Input and output stay in HBM (``pl.ANY``)
 and are touched only by DMAs (no VMEM, so no VMEM capacity limit); the kernel
-uses 4(n-1) + 1 DMA semaphores and one barrier semaphore (``collective_id=0``).
+uses 9 DMA semaphores, 2 regular ones and one barrier semaphore
+(``collective_id=0``) on any ring, and compiles for a v5e slice of 256 chips.
 On CPU it runs under TPU interpret mode; the suite audits the windows it lowers
 to for TPU from CPU, and ``pytest -m tpu`` runs it compiled on chips.
 """
@@ -90,6 +101,11 @@ def _neighbour(mesh_axes: tuple[str, ...], axis_name: str, index: jax.Array) -> 
     return tuple(index if a == axis_name else lax.axis_index(a) for a in mesh_axes)
 
 
+#: Ring steps a link may have in flight: the receive and send semaphores of a direction are reused
+#: every ``IN_FLIGHT`` steps, so the kernel's semaphores do not grow with the ring.
+IN_FLIGHT = 2
+
+
 def _ring_kernel(
     x_ref: Any,
     o_ref: Any,
@@ -97,15 +113,19 @@ def _ring_kernel(
     recv_right: Any,
     send_left: Any,
     recv_left: Any,
+    credit_right: Any,
+    credit_left: Any,
     copy_sem: Any,
     *,
     axis_name: str,
     mesh_axes: tuple[str, ...],
     right_rows: int,
     left_rows: int,
+    in_flight: int,
 ) -> None:
     n = lax.axis_size(axis_name)
     me = lax.axis_index(axis_name)
+    steps = n - 1
     # Ring arithmetic in int32, the type of axis_index (a bare Python int would
     # become int64 under jax_enable_x64, and lax.rem refuses mixed types).
 
@@ -134,37 +154,48 @@ def _ring_kernel(
         dma = pltpu.make_async_remote_copy(
             window,
             window,
-            send_sems.at[jnp.int32(step)],  # signalled here when the data has left
-            recv_sems.at[jnp.int32(step)],  # signalled on `peer` when it has arrived: this step's only
+            send_sems.at[jnp.int32(step % in_flight)],  # signalled here when the data has left
+            recv_sems.at[jnp.int32(step % in_flight)],  # signalled on `peer` when it has arrived
             device_id=peer,
         )
         dma.start()
         return dma
 
-    sent = []
-    for step in range(n - 1):
+    # Each direction: (rows, the peer sent to, the peer received from, its semaphores).
+    directions = [(right_rows, right, left, send_right, recv_right, credit_right)]
+    if left_rows:
+        directions.append((left_rows, left, right, send_left, recv_left, credit_left))
+
+    def received(step: int, dma: Any, upstream, credit) -> None:
+        """Wait for the step's arrival; then, if the upstream device will send on the semaphore this
+        step used, give it the credit to."""
+        dma.wait_recv()
+        if step + in_flight < steps:
+            pl.semaphore_signal(credit, 1, device_id=upstream)
+
+    sent: list[list[Any]] = []
+    for step in range(steps):
         with jax.named_scope(f"ring_step_{step}"):
-            if step > 0:
-                # Forward only what has arrived: wait on *last* step's semaphore,
-                # which no other transfer can signal.
-                sent[-1][0].wait_recv()
-                if left_rows:
-                    sent[-1][1].wait_recv()
-            to_right = send(step, ring(me - step + n), 0, right_rows, right, send_right, recv_right)
-            to_left = None
-            if left_rows:
-                to_left = send(step, ring(me + step), right_rows, left_rows, left, send_left, recv_left)
-            sent.append((to_right, to_left))
+            now = []
+            for d, (rows, downstream, upstream, send_sems, recv_sems, credit) in enumerate(directions):
+                if step > 0:
+                    # Forward only what has arrived: last step's transfer into this device.
+                    received(step - 1, sent[-1][d], upstream, credit)
+                if step >= in_flight:
+                    # Reuse the semaphores of step - in_flight only when that transfer has left here
+                    # and the downstream device has waited for its arrival (its credit).
+                    sent[step - in_flight][d].wait_send()
+                    pl.semaphore_wait(credit, 1)
+                first = 0 if d == 0 else right_rows
+                slot = ring(me - step + n) if d == 0 else ring(me + step)
+                now.append(send(step, slot, first, rows, downstream, send_sems, recv_sems))
+            sent.append(now)
 
     with jax.named_scope("drain"):
-        last_right, last_left = sent[-1]
-        last_right.wait_recv()
-        if last_left is not None:
-            last_left.wait_recv()
-        for to_right, to_left in sent:
-            to_right.wait_send()
-            if to_left is not None:
-                to_left.wait_send()
+        for d, (_, _, upstream, _, _, credit) in enumerate(directions):
+            received(steps - 1, sent[-1][d], upstream, credit)
+            for step in range(max(0, steps - in_flight), steps):
+                sent[step][d].wait_send()
 
 
 #: The libtpu versions from which Mosaic's DMA-window rules relaxed, measured with the real compiler
@@ -251,15 +282,24 @@ def refuse_what_a_tpu_cannot_do(name: str, shard_shape: tuple[int, ...], dtype: 
 
 
 def _all_gather(
-    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any, bidirectional: bool, name: str
+    x: jax.Array,
+    *,
+    mesh: jax.sharding.Mesh,
+    axis_name: str,
+    interpret: Any,
+    bidirectional: bool,
+    name: str,
+    in_flight: int | None = IN_FLIGHT,
 ) -> jax.Array:
+    """The ring all-gather of ``x`` (``in_flight``: steps a link may have in flight, the size of each
+    direction's semaphore arrays; ``None``: every step its own semaphores, which grow with the ring)."""
     n = validate(name, x, mesh, axis_name)
     shard_shape = (x.shape[0] // n, *x.shape[1:])
     if not interpret:
         refuse_what_a_tpu_cannot_do(name, shard_shape, x.dtype)
     if n == 1:
         return x
-    steps = n - 1
+    in_flight = min(in_flight or n - 1, n - 1)
     right_rows, left_rows = row_split(
         shard_shape, x.dtype, bidirectional=bidirectional, for_tpu=not interpret
     )
@@ -269,6 +309,7 @@ def _all_gather(
         mesh_axes=tuple(mesh.axis_names),
         right_rows=right_rows,
         left_rows=left_rows,
+        in_flight=in_flight,
     )
 
     def per_device(shard: jax.Array) -> jax.Array:
@@ -278,10 +319,12 @@ def _all_gather(
             in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=pl.BlockSpec(memory_space=pl.ANY),
             scratch_shapes=[
-                pltpu.SemaphoreType.DMA((steps,)),  # send, rightward ring
-                pltpu.SemaphoreType.DMA((steps,)),  # recv, rightward ring
-                pltpu.SemaphoreType.DMA((steps,)),  # send, leftward ring
-                pltpu.SemaphoreType.DMA((steps,)),  # recv, leftward ring
+                pltpu.SemaphoreType.DMA((in_flight,)),  # send, rightward ring
+                pltpu.SemaphoreType.DMA((in_flight,)),  # recv, rightward ring
+                pltpu.SemaphoreType.DMA((in_flight,)),  # send, leftward ring
+                pltpu.SemaphoreType.DMA((in_flight,)),  # recv, leftward ring
+                pltpu.SemaphoreType.REGULAR,  # credits from the right neighbour (rightward ring)
+                pltpu.SemaphoreType.REGULAR,  # credits from the left neighbour (leftward ring)
                 pltpu.SemaphoreType.DMA,  # the local copy of the own shard
             ],
             compiler_params=pltpu.CompilerParams(collective_id=0),
@@ -324,7 +367,7 @@ def _own_rows_of_cotangent(ct: jax.Array, *, mesh: jax.sharding.Mesh, axis_name:
     name="pallas_ring_all_gather_bidirectional",
     pallas=True,
     differentiable=True,
-    description="Pallas remote-DMA ring, half of each shard each way, a semaphore per step",
+    description="Pallas remote-DMA ring, half of each shard each way, two steps in flight per link",
 )
 def pallas_ring_all_gather_bidirectional(
     x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
@@ -344,7 +387,7 @@ def pallas_ring_all_gather_bidirectional(
     name="pallas_ring_all_gather_unidirectional",
     pallas=True,
     differentiable=True,
-    description="Pallas remote-DMA ring in one direction, a semaphore per step",
+    description="Pallas remote-DMA ring in one direction, two steps in flight per link",
 )
 def pallas_ring_all_gather_unidirectional(
     x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
