@@ -40,10 +40,13 @@ import datetime
 import html
 import json
 import platform as platform_lib
+import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
+
+from conformance import html_plots
 
 SCHEMA = "conformance-results/1"
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "not_claimed")
@@ -287,6 +290,8 @@ td.none{color:#bbb}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px}
 details{margin:.4em 0}summary{cursor:pointer}
 .counts span{margin-right:1em}td.impl small{color:#666}.legend{color:#555;font-size:12px}
+.ladders{display:flex;flex-wrap:wrap;gap:.6em}svg.ladder{border:1px solid #eee;background:#fff}
+details.cause{margin:.3em 0 .3em 1em}details.cause>details{margin-left:1.5em}
 """
 
 
@@ -336,15 +341,7 @@ def to_html(document: dict[str, Any]) -> str:
     out.append("</tbody></table>")
     failures = [o for o in outcomes if o["outcome"] in ("failed", "xpassed")]
     out.append(f'<h2 id="failures">Failures ({len(failures)})</h2>')
-    if not failures:
-        out.append("<p>None.</p>")
-    for o in failures:
-        out.append(
-            f'<details class="failure"><summary><code>{esc(o["id"])}</code> ({esc(o["outcome"])})</summary>'
-            f"<pre>{esc(o['message'])}</pre>"
-            + (f"<p>replay: <code>{esc(o['replay'])}</code></p>" if o.get("replay") else "")
-            + "</details>"
-        )
+    out += _failures_by_cause(failures) if failures else ["<p>None.</p>"]
     stale = document["known_failures"]["stale"]
     if stale:
         out.append(f'<h2 id="stale">Stale known-failure lines ({len(stale)})</h2><ul>')
@@ -352,7 +349,11 @@ def to_html(document: dict[str, Any]) -> str:
         out.append("</ul>")
     out.append('<h2 id="tables">Tables</h2>')
     for t in document["tables"]:
-        out.append(f"<h3>{esc(t['title'])}</h3><pre>{esc(chr(10).join(t['lines']))}</pre>")
+        out.append(f"<h3>{esc(t['title'])}</h3>")
+        figures = html_plots.ladder_figures(t.get("records") or [])
+        if figures:
+            out.append('<div class="ladders">' + "".join(figures) + "</div>")
+        out.append(f"<pre>{esc(chr(10).join(t['lines']))}</pre>")
     not_claimed = [o for o in outcomes if o["outcome"] == "not_claimed"]
     if not_claimed:
         reasons = Counter(o["message"] for o in not_claimed)
@@ -362,6 +363,49 @@ def to_html(document: dict[str, Any]) -> str:
     out.append(f'<p class="legend">command: <code>{esc(" ".join(document["command"]))}</code></p>')
     out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+def _case_size(outcome: dict[str, Any]) -> tuple[int, str]:
+    """A failing test's size for ordering: the sum of the numbers in its case token (devices, dims)."""
+    token = str(outcome.get("case") or outcome["id"])
+    return sum(int(n) for n in re.findall(r"\d+", token)), outcome["id"]
+
+
+def _failures_by_cause(failures: list[dict[str, Any]]) -> list[str]:
+    """The failures as the terminal's summary groups them: per implementation, each cause (a check's
+    one-line verdict) once, with how many tests it failed, in which checks, its smallest case and
+    replay line; every test's own message folded under it."""
+    esc = html.escape
+    by_impl: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for o in failures:
+        impl = f"{o.get('family')}/{o.get('impl')}" if o.get("impl") else o["id"].split("::")[0]
+        cause = o.get("what") or (o["message"].splitlines() or ["(no message)"])[0]
+        by_impl[impl][cause].append(o)
+    out = []
+    for impl, causes in sorted(by_impl.items(), key=lambda kv: -sum(map(len, kv[1].values()))):
+        total = sum(map(len, causes.values()))
+        out.append(f'<section class="cause-group"><h3>{esc(impl)}: {total} failed</h3>')
+        for cause, group in sorted(causes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            first = min(group, key=_case_size)
+            checks = Counter(o.get("check") or "?" for o in group)
+            where = ", ".join(f"{c} {n}" for c, n in checks.most_common())
+            out.append(
+                f'<details class="cause"><summary><b>{len(group)}x</b> {esc(cause)} '
+                f"<small>(in {esc(where)})</small></summary>"
+                f"<p>smallest: <code>{esc(first['id'])}</code></p>"
+                + (f"<p>start here: <code>{esc(first['replay'])}</code></p>" if first.get("replay") else "")
+                + f"<pre>{esc(first['message'])}</pre>"
+            )
+            for o in sorted(group, key=_case_size):
+                if o is first:
+                    continue
+                out.append(
+                    f'<details class="failure"><summary><code>{esc(o["id"])}</code> ({esc(o["outcome"])})'
+                    f"</summary><pre>{esc(o['message'])}</pre></details>"
+                )
+            out.append("</details>")
+        out.append("</section>")
+    return out
 
 
 def write_html(path: str, document: dict[str, Any]) -> None:

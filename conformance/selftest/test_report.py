@@ -95,3 +95,116 @@ def test_distinct_causes_are_listed_smallest_first_and_passing_kernels_not_at_al
 
 def test_no_failures_no_summary() -> None:
     assert report.summarize([_outcome("races", "passed", "odd")]) == []
+
+
+# ----------------------------------------------------------------------------- the HTML page
+
+
+def _ladder_document() -> dict:
+    """A run with two causes of failure in one kernel and the three ladders the page draws."""
+    import datetime
+
+    from conformance.bench import BenchRecord
+    from conformance.checks import TpuMemoryRecord, TpuScheduleRecord
+
+    failed = []
+    for i, (check, what) in enumerate([("values", WRONG)] * 3 + [("tpu_schedule", "transfers exposed")]):
+        failed.append(
+            results.Outcome(
+                id=f"{FAMILY}/{IMPL}/{check}/{i}",
+                nodeid=f"test_{check}[{i}]",
+                outcome="failed",
+                family=FAMILY,
+                impl=IMPL,
+                check=check,
+                message=f"[{check}] {what}\n  details {i}",
+                case=f"{2 ** (i + 1)}-x-auto:rows_per_shard={i + 1},cols=128:float32:seed=0",
+                replay=f"python -m conformance replay {check} {FAMILY} {IMPL} case{i}",
+                what=what,
+            )
+        )
+    passed = [
+        results.Outcome(id="ok", nodeid="ok", outcome="passed", family=FAMILY, impl="ring", check="values")
+    ]
+    schedule = [
+        TpuScheduleRecord("allgather_matmul", impl, "v5e:2x4", 8, (), hop, hidden, 7, "SMD", base, "libtpu x")
+        for impl, base, hidden in (("ring", False, 7), ("xla", True, 0))
+        for hop in (1 << 18, 1 << 20, 1 << 22)
+    ]
+    memory = [
+        TpuMemoryRecord(
+            "allgather_matmul", impl, "v5e:2x4", (), peak, 0, 1, arg, 2, "xla", arg * 3, 1, base, "j"
+        )
+        for impl, base, factor in (("ring", False, 4), ("xla", True, 3))
+        for arg, peak in ((1 << 20, factor << 20), (4 << 20, factor << 22))
+    ]
+    bench = [
+        BenchRecord("all_gather", impl, base, "8-x-auto", 8, size // 8, "d", t, size, size, "cpu")
+        for impl, base, scale in (("ring", False, 2e-9), ("xla", True, 1e-9))
+        for size, t in ((1 << 16, 1e-4), (1 << 20, 1e-3), (1 << 24, 1e-2))
+    ]
+    tables = [
+        results.Table("TPU schedule", ["..."], schedule),
+        results.Table("TPU memory", ["..."], memory),
+        results.Table("benchmark", ["..."], bench),
+    ]
+    return results.to_json(
+        [*failed, *passed],
+        tables,
+        started=datetime.datetime(2026, 1, 1),
+        duration_s=1.0,
+        stale=[],
+        command=["pytest"],
+    )
+
+
+def test_the_html_page_groups_failures_by_cause_and_draws_the_ladders() -> None:
+    page = results.to_html(_ladder_document())
+    assert page.count('class="cause-group"') == 1, "one kernel failed"
+    assert page.count('class="cause"') == 2, "two causes, each once"
+    assert f"<b>3x</b> {WRONG}" in page and "<b>1x</b> transfers exposed" in page
+    # the smallest case first, with its replay line
+    smallest = page.index("smallest: <code>all_gather/kernel_dropping_odd_rows/values/0</code>")
+    assert smallest < page.index("start here: <code>python -m conformance replay values")
+    assert page.count('<svg class="ladder"') == 3, "one plot per ladder table"
+    assert page.count('class="series"') == 6 and 'stroke-dasharray="5 3"' in page, "baseline dashed"
+    assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    from conformance.selftest.test_downstream import CHROMIUM_FLAGS
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail(
+            "chromium is not installed: the HTML report is checked in a real browser (.ci/run installs it)"
+        )
+    path = tmp_path / "report.html"
+    results.write_html(str(path), _ladder_document())
+    profile = tmp_path / "profile"
+    dom = subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("<polyline") == 6 and dom.stdout.count("<svg") == 3, dom.stdout[:3000]
+    shot = tmp_path / "report.png"
+    done = subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            "--window-size=1400,1400",
+            f"--screenshot={shot}",
+            path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]

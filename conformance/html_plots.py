@@ -1,0 +1,174 @@
+"""The ladders of a run as plots for the HTML report: inline SVG, no script, nothing fetched.
+
+A table whose records climb a ladder of sizes is drawn as small multiples, one plot per family and
+place (TPU topology, or mesh), a line per implementation, the baseline dashed:
+
+* TPU schedule: transfers with a matmul inside them / all transfers, against bytes per hop;
+* TPU memory: peak HBM per chip, against the bytes of the arguments;
+* benchmarks: median time per call, against the bytes of the operands.
+
+Records are read from the JSON document (``tables[].records``), so a saved report re-renders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+#: Line colours, colour-blind safe (Okabe-Ito), in the order implementations are met.
+PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000")
+WIDTH, HEIGHT = 380, 230
+LEFT, RIGHT, TOP, BOTTOM = 58, 30, 26, 58
+
+
+@dataclasses.dataclass(frozen=True)
+class Ladder:
+    """How to read one kind of record as a ladder."""
+
+    #: Whether a record is of this kind (by its fields).
+    matches: Callable[[dict[str, Any]], bool]
+    #: The plot a record belongs to (family and place).
+    panel: Callable[[dict[str, Any]], str]
+    x: Callable[[dict[str, Any]], float]
+    y: Callable[[dict[str, Any]], float | None]
+    x_label: str
+    y_label: str
+    #: The y axis from 0 to 1 (a fraction) rather than from 0 to the largest value.
+    fraction: bool = False
+
+
+LADDERS = (
+    Ladder(
+        matches=lambda r: {"hidden", "total", "hop_bytes", "topology"} <= r.keys(),
+        panel=lambda r: f"{r['family']} on {r['topology']}",
+        x=lambda r: r["hop_bytes"],
+        y=lambda r: r["hidden"] / r["total"] if r["total"] else None,
+        x_label="bytes per hop",
+        y_label="transfers hidden",
+        fraction=True,
+    ),
+    Ladder(
+        matches=lambda r: {"peak", "baseline_peak", "topology", "argument"} <= r.keys(),
+        panel=lambda r: f"{r['family']} on {r['topology']}",
+        x=lambda r: r["argument"],
+        y=lambda r: None if r["peak"] is None else r["peak"] / (1 << 20),
+        x_label="argument bytes per chip",
+        y_label="peak MiB per chip",
+    ),
+    Ladder(
+        matches=lambda r: {"median_s", "size_bytes", "mesh"} <= r.keys(),
+        panel=lambda r: f"{r['family']} on {r['mesh']}, {r.get('dtype', 'float32')}",
+        x=lambda r: r["size_bytes"],
+        y=lambda r: r["median_s"] * 1e3,
+        x_label="operand bytes",
+        y_label="median ms per call",
+    ),
+)
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
+def _number(y: float) -> str:
+    return f"{y:.3g}"
+
+
+def panel_svg(
+    title: str, series: dict[str, list[tuple[float, float]]], baselines: set[str], ladder: Ladder
+) -> str:
+    """One plot: a polyline per series over a log-2 x axis, a legend under it."""
+    esc = html.escape
+    xs = sorted({x for points in series.values() for x, _ in points})
+    ys = [y for points in series.values() for _, y in points]
+    top = 1.0 if ladder.fraction else max(ys) * 1.1 or 1.0
+    lo, hi = math.log2(xs[0]), math.log2(xs[-1])
+    span = hi - lo or 1.0
+    legend_rows = math.ceil(len(series) / 2)
+    height = HEIGHT + 14 * legend_rows
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def px(x: float) -> float:
+        return LEFT + (math.log2(x) - lo) / span * plot_w if len(xs) > 1 else LEFT + plot_w / 2
+
+    def py(y: float) -> float:
+        return TOP + plot_h - y / top * plot_h
+
+    out = [
+        '<svg class="ladder" role="img" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" aria-label="{esc(title)}: {esc(ladder.y_label)} against '
+        f'{esc(ladder.x_label)}">',
+        f'<text x="{WIDTH / 2}" y="15" text-anchor="middle" font-size="12" font-weight="bold">'
+        f"{esc(title)}</text>",
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#bbb"/>',
+    ]
+    for frac in (0, 0.5, 1):
+        y = top * frac
+        out.append(
+            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#eee"/>'
+            f'<text x="{LEFT - 4}" y="{py(y) + 4:.1f}" text-anchor="end" font-size="10">{_number(y)}</text>'
+        )
+    for x in xs:
+        out.append(
+            f'<text x="{px(x):.1f}" y="{TOP + plot_h + 13}" text-anchor="middle" font-size="10">'
+            f"{esc(_bytes(x))}</text>"
+        )
+    out.append(
+        f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h + 28}" text-anchor="middle" font-size="10" '
+        f'fill="#555">{esc(ladder.x_label)}</text>'
+        f'<text x="12" y="{TOP + plot_h / 2}" text-anchor="middle" font-size="10" fill="#555" '
+        f'transform="rotate(-90 12 {TOP + plot_h / 2})">{esc(ladder.y_label)}</text>'
+    )
+    for i, (name, points) in enumerate(sorted(series.items())):
+        colour = PALETTE[i % len(PALETTE)]
+        dash = ' stroke-dasharray="5 3"' if name in baselines else ""
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in sorted(points))
+        out.append(
+            f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="2"{dash} points="{path}">'
+        )
+        out.append(f"<title>{esc(name)}</title></polyline>")
+        for x, y in points:
+            out.append(
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}">'
+                f"<title>{esc(name)}: {_number(y)} at {esc(_bytes(x))}</title></circle>"
+            )
+        lx = 8 + (i % 2) * (WIDTH / 2)
+        ly = HEIGHT + 14 * (i // 2) - 10
+        out.append(
+            f'<line x1="{lx}" x2="{lx + 16}" y1="{ly - 4}" y2="{ly - 4}" stroke="{colour}" '
+            f'stroke-width="2"{dash}/>'
+            f'<text x="{lx + 20}" y="{ly}" font-size="10">{esc(name[:40])}</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def ladder_figures(records: list[dict[str, Any]]) -> list[str]:
+    """The plots of one table's records (none if they are not a ladder, or climb no more than one rung)."""
+    ladder = next((lad for lad in LADDERS if records and all(lad.matches(r) for r in records)), None)
+    if ladder is None:
+        return []
+    panels: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    baselines: dict[str, set[str]] = defaultdict(set)
+    for r in records:
+        y, x = ladder.y(r), ladder.x(r)
+        if y is None or not x:
+            continue
+        panel = ladder.panel(r)
+        panels[panel][r["impl"]].append((x, y))
+        if r.get("baseline"):
+            baselines[panel].add(r["impl"])
+    figures = []
+    for panel, series in sorted(panels.items()):
+        if len({x for points in series.values() for x, _ in points}) < 2:
+            continue  # a single size: the table says it all
+        figures.append(panel_svg(panel, dict(series), baselines[panel], ladder))
+    return figures
