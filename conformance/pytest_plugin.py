@@ -363,11 +363,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if names is not None and not any(fnmatch.fnmatchcase(n, g) for n in names for g in globs):
                 empty[id(item)] = item
     wanted = _meshes_option(config)
-    if wanted is not None:  # --meshes: tests on other standard meshes
+    if wanted is not None:  # --meshes: tests on other standard meshes (a check's own meshes, such as
+        # the TPU compile tier's slices of 16 to 256 chips, are not standard meshes and stay)
+        standard = {c.label for c in meshes.MESH_CONFIGS}
         for item in items:
             params = getattr(getattr(item, "callspec", None), "params", {})
             mesh = params.get("mesh_config", params.get("conformance_mesh_config"))
-            if mesh is not None and getattr(mesh, "label", None) not in wanted:
+            label = getattr(mesh, "label", None)
+            if mesh is not None and label in standard and label not in wanted:
                 empty[id(item)] = item
     if empty:
         config.hook.pytest_deselected(items=list(empty.values()))

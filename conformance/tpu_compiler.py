@@ -5,8 +5,8 @@ With libtpu installed (``pip install "jax[tpu]==<the installed JAX>"``, or this 
 slice (``v5e:2x4``: 8 v5e chips) whose devices a mesh can be built on; ``jit(f).lower(*abstract
 arguments on that mesh).compile()`` then runs XLA:TPU and Mosaic for real, without a chip and
 without executing. What the compiler refuses, a chip would refuse; what it compiles, it schedules
-and lays out as on the chip. Where it can speak it is the suite's judge of TPU layout; where no
-libtpu can be had, the hand model (:mod:`conformance.mosaic`) stands in, labelled as a model.
+and lays out as on the chip. It is the suite's judge of TPU layout, schedule, memory and pod
+scale; where no libtpu can be had, those checks skip, naming the install command.
 
 libtpu prints warnings about ``TPU_ACCELERATOR_TYPE`` and worker host names on a host without
 chips; they are harmless.
@@ -14,7 +14,6 @@ chips; they are harmless.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.metadata
 import re
@@ -140,21 +139,9 @@ def mesh_on(config: MeshConfig, topology: str | None = None) -> jax.sharding.Mes
     return jax.sharding.Mesh(first, config.axis_names, axis_types=mesh_over_axis_types(config))
 
 
-@dataclasses.dataclass(frozen=True)
-class Judge:
-    """Who gave a TPU verdict: the real compiler (its libtpu and topology) or the hand model."""
-
-    libtpu: str | None
-    topology: str | None
-
-    @property
-    def is_compiler(self) -> bool:
-        return self.libtpu is not None
-
-    def describe(self) -> str:
-        if self.is_compiler:
-            return f"libtpu {self.libtpu} ({self.topology})"
-        return "model (no libtpu: conformance.mosaic's rules)"
+def judge(topology: str) -> str:
+    """Who gives a verdict compiled for ``topology``: ``libtpu 0.0.42.1 (v5e:2x4)``."""
+    return f"libtpu {libtpu_version()} ({topology})"
 
 
 def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> Any:

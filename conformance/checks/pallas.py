@@ -25,7 +25,7 @@ class TpuLayoutRecord:
     dims: tuple[tuple[str, int], ...]
     #: The kernel's own refusal (its :class:`~conformance.mosaic.TpuConstraintError`), if it refused.
     refusal: str | None
-    #: Who judged: the real compiler (``libtpu 0.0.42 (v5e:2x2)``) or the hand model.
+    #: Who judged: the real compiler, its libtpu and topology (``libtpu 0.0.42.1 (v5e:2x2)``).
     judge: str = ""
     #: The compiler's refusal of the shape (asked with the kernel's refusal set aside), if it refused.
     compiler_refusal: str | None = None
@@ -44,13 +44,13 @@ def check_tpu_layout(case: Case) -> TpuLayoutRecord:
     (:func:`conformance.refuse_on_tpu`), so the compiler's verdict can be held against the
     kernel's; a refusal the kernel raises directly cannot be set aside, is recorded as unverified,
     and at the family's TPU-native dims fails. A host without libtpu skips, naming the install
-    command (the hand model of :mod:`conformance.mosaic` fits libtpu 0.0.17 only, and is no judge).
+    command.
     """
     reason = tpu_compiler.unavailable_reason()
     if reason is not None:
         raise compat.HostLimit(f"the TPU layout is judged by the real TPU compiler: {reason}")
     topology = tpu_compiler.topology_for(case.mesh.num_devices)
-    judge = tpu_compiler.Judge(tpu_compiler.libtpu_version(), topology).describe()
+    judge = tpu_compiler.judge(topology)
     mesh = tpu_compiler.mesh_on(case.mesh, topology)
     fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
     args = runner.abstract_args(case, mesh=mesh)

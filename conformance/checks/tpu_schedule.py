@@ -123,7 +123,7 @@ def compiled_or_fail(case: Case, topology: str, check: str) -> Any:
 
 def judge_of(topology: str) -> str:
     """``libtpu 0.0.42.1 (v5e:2x4)``: who gave a TPU-tier verdict."""
-    return tpu_compiler.Judge(tpu_compiler.libtpu_version(), topology).describe()
+    return tpu_compiler.judge(topology)
 
 
 def _judge(case: Case, topology: str, records: list[TpuScheduleRecord]) -> None:

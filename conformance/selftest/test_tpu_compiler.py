@@ -69,7 +69,7 @@ def test_a_topology_mesh_compiles_for_real() -> None:
     text = compiled.as_text()
     assert "all-gather" in text and "T(8,128)" in text, text[:2000]
     assert compiled.memory_analysis().output_size_in_bytes == 8 * 96 * 128 * 4  # the whole result
-    assert tpu_compiler.Judge(tpu_compiler.libtpu_version(), "v5e:2x4").describe().startswith("libtpu 0.0.")
+    assert tpu_compiler.judge("v5e:2x4").startswith("libtpu 0.0.")
 
 
 @needs_libtpu
