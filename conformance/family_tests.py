@@ -171,6 +171,7 @@ def test_for(check: Check) -> Callable[..., None]:
 
 
 @pytest.mark.cpu
+@pytest.mark.tpu
 @pytest.mark.conformance_axes(Axes(platforms=False, dtypes="dtypes", implementations=("pallas",)))
 def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_session: Session) -> None:
     """Lowered for TPU chips at every tile-edge shape: refused with the constraint named, or
@@ -190,6 +191,7 @@ def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_se
 
 
 @pytest.mark.cpu
+@pytest.mark.tpu
 @pytest.mark.conformance_axes(
     Axes(platforms=False, meshes=tpu_schedule.SCHEDULE_MESHES, families_with="overlap")
 )
@@ -213,6 +215,7 @@ def test_tpu_schedule(
 
 
 @pytest.mark.cpu
+@pytest.mark.tpu
 @pytest.mark.conformance_axes(
     Axes(platforms=False, meshes=tpu_schedule.SCHEDULE_MESHES, families_with="tpu_native_dims")
 )
@@ -236,6 +239,7 @@ def test_tpu_memory(
 
 
 @pytest.mark.cpu
+@pytest.mark.tpu
 @pytest.mark.conformance_axes(
     Axes(platforms=False, meshes=tpu_pod.POD_MESHES, families_with="tpu_native_dims")
 )

@@ -82,7 +82,8 @@ from conformance.specs.base import FIXED_SHAPES
 MARKERS = (
     "cpu: runs on the CPU backend with simulated devices",
     "gpu: needs a GPU backend (skips with a reason elsewhere)",
-    "tpu: needs TPU chips (skips with a reason elsewhere)",
+    "tpu: for TPU: runs on TPU chips (skips with a reason elsewhere), or compiles for TPU topologies with "
+    "the real TPU compiler (libtpu; runs under -m cpu too, and skips naming the install command without it)",
     "multiprocess: launches several JAX processes on 127.0.0.1",
     "slow: long-running; excluded from the default cpu run",
     "benchmark: timing runs (pytest-benchmark); excluded unless -m names benchmark",

@@ -233,3 +233,31 @@ def test_memory_passes_the_rings_and_records_the_baseline() -> None:
     for record in outcome.records:
         assert record.baseline_impl == "xla_allgather_matmul" and record.code > 0, record
         assert record.peak is None or record.ratio <= checks.tpu_memory.PEAK_RATIO, record
+
+
+# ----------------------------------------------------------------------------- compiled 16-bit bytes
+
+
+@needs_libtpu
+@pytest.mark.parametrize(
+    ("impl", "expected"),
+    [
+        ("broken_ring_sends_double", "the forward pass compiled for TPU (v5e:2x4) moves more bfloat16 bytes"),
+        (
+            "broken_backward_allreduce_then_slice",
+            "the backward pass compiled for TPU (v5e:2x4) uses collectives",
+        ),
+    ],
+)
+def test_bytes_and_collectives_are_read_from_the_compiled_tpu_module(impl: str, expected: str) -> None:
+    import conformance.selftest.broken_kernels  # noqa: F401
+
+    dims = dict(specs.get("allgather_matmul").canonical_dims)
+    case = Case.make("allgather_matmul", impl, parse_mesh("8-x-auto"), dims, "bfloat16")
+    outcome = run_here(checks.CHECKS["lowered_bytes"], case, Session())
+    assert outcome.verdict == "failed", outcome
+    assert expected in str(outcome.failure), outcome.failure
+    assert (
+        "module the TPU compiler compiled for v5e:2x4" in str(outcome.failure)
+        or "uses collectives" in expected
+    )
