@@ -172,6 +172,7 @@ def test_for(check: Check) -> Callable[..., None]:
 
 @pytest.mark.cpu
 @pytest.mark.tpu
+@pytest.mark.tpu_compile
 @pytest.mark.conformance_axes(Axes(platforms=False, dtypes="dtypes", implementations=("pallas",)))
 def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_session: Session) -> None:
     """Lowered for TPU chips at every tile-edge shape: refused with the constraint named, or
@@ -192,6 +193,7 @@ def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_se
 
 @pytest.mark.cpu
 @pytest.mark.tpu
+@pytest.mark.tpu_compile
 @pytest.mark.conformance_axes(
     Axes(platforms=False, meshes=tpu_schedule.SCHEDULE_MESHES, families_with="overlap")
 )
@@ -216,6 +218,7 @@ def test_tpu_schedule(
 
 @pytest.mark.cpu
 @pytest.mark.tpu
+@pytest.mark.tpu_compile
 @pytest.mark.conformance_axes(
     Axes(platforms=False, meshes=tpu_schedule.SCHEDULE_MESHES, families_with="tpu_native_dims")
 )
@@ -240,6 +243,7 @@ def test_tpu_memory(
 
 @pytest.mark.cpu
 @pytest.mark.tpu
+@pytest.mark.tpu_compile
 @pytest.mark.conformance_axes(
     Axes(platforms=False, meshes=tpu_pod.POD_MESHES, families_with="tpu_native_dims")
 )

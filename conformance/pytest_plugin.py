@@ -82,8 +82,9 @@ from conformance.specs.base import FIXED_SHAPES
 MARKERS = (
     "cpu: runs on the CPU backend with simulated devices",
     "gpu: needs a GPU backend (skips with a reason elsewhere)",
-    "tpu: for TPU: runs on TPU chips (skips with a reason elsewhere), or compiles for TPU topologies with "
-    "the real TPU compiler (libtpu; runs under -m cpu too, and skips naming the install command without it)",
+    "tpu: needs TPU chips (skips with a reason elsewhere), unless marked tpu_compile",
+    "tpu_compile: compiles for TPU topologies with the real TPU compiler (libtpu) and needs no chip: runs "
+    "under -m cpu and -m tpu alike (without libtpu it skips, naming the install command)",
     "multiprocess: launches several JAX processes on 127.0.0.1",
     "slow: long-running; excluded from the default cpu run",
     "benchmark: timing runs (pytest-benchmark); excluded unless -m names benchmark",
@@ -441,7 +442,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     distributed.begin_test(item.nodeid)
     if item.get_closest_marker("pallas_interpret") and distributed.is_multi_process():
         pytest.skip(distributed.PALLAS_INTERPRET)
+    compile_only = item.get_closest_marker("tpu_compile") is not None  # libtpu, no chip
     for platform in devices_lib.PLATFORMS:
+        if platform == "tpu" and compile_only:
+            continue
         if item.get_closest_marker(platform) and not devices_lib.has_platform(platform):
             pytest.skip(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")
     params = getattr(item, "callspec", None)

@@ -261,3 +261,34 @@ def test_bytes_and_collectives_are_read_from_the_compiled_tpu_module(impl: str, 
         "module the TPU compiler compiled for v5e:2x4" in str(outcome.failure)
         or "uses collectives" in expected
     )
+
+
+@needs_libtpu
+@pytest.mark.parametrize("marker", ["cpu", "tpu"])
+def test_the_compile_tier_runs_on_a_host_without_chips_under_either_marker(marker: str) -> None:
+    """Its tests carry the tpu marker (a TPU VM's -m tpu runs them) and tpu_compile, which keeps the
+    missing TPU backend from skipping them; a skip there would hide the whole tier."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "conformance",
+            "-m",
+            marker,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ]
+        + ["-k", "test_tpu_pod and xla_all_gather and 64-x"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
