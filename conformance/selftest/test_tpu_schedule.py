@@ -274,18 +274,9 @@ def test_the_compile_tier_runs_on_a_host_without_chips_under_either_marker(marke
 
     done = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "conformance",
-            "-m",
-            marker,
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ]
-        + ["-k", "test_tpu_pod and xla_all_gather and 64-x"],
+            *(sys.executable, "-m", "pytest", "--pyargs", "conformance", "-m", marker, "-q"),
+            *("-p", "no:cacheprovider", "-k", "test_tpu_pod and xla_all_gather and 64-x"),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
