@@ -130,7 +130,7 @@ def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]]
         (
             f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {targeted}"
             if SCOPE == "full"
-            else f"({targeted}) and ({BUILTIN_SUBSET})"
+            else f"({targeted}) and ({BUILTIN_SUBSET} or test_tpu_pod)"  # pod: its own meshes
         ),
         f"--kernels={KERNEL_MODULES}",
         f"--hang-timeout={HANG_TIMEOUT_S}",
