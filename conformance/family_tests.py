@@ -18,7 +18,7 @@ run. A defect that needs an odd shape then fails the odd half only, and the run'
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -202,17 +202,7 @@ def test_tpu_schedule(
 ) -> None:
     """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's
     ladder (bfloat16): every transfer but one per ring direction has a matmul scheduled inside it."""
-    ladder, cases, not_claimed = specs.get(family).schedule_ladder, [], []
-    for dims in ladder:
-        why = claims.reason(
-            family, implementation, platform="tpu", mesh=mesh_config, dims=dims, dtype="bfloat16"
-        )
-        if why is None:
-            cases.append(Case.make(family, implementation, mesh_config, dims, "bfloat16"))
-        else:
-            not_claimed.append(why)
-    if not cases:
-        raise claims.NotClaimed(implementation, f"none of the {len(ladder)} ladder sizes: {not_claimed[0]}")
+    cases = claimed_tpu_cases(family, implementation, mesh_config, specs.get(family).schedule_ladder)
     run_gathered(checks.CHECKS["tpu_schedule"], cases, conformance_session, what="sizes")
 
 
@@ -227,17 +217,7 @@ def test_tpu_memory(
 ) -> None:
     """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's
     ladder (bfloat16): peak memory per chip within a stated ratio of the baseline's."""
-    sizes, cases, not_claimed = tpu_memory.memory_dims(family), [], []
-    for dims in sizes:
-        why = claims.reason(
-            family, implementation, platform="tpu", mesh=mesh_config, dims=dims, dtype="bfloat16"
-        )
-        if why is None:
-            cases.append(Case.make(family, implementation, mesh_config, dims, "bfloat16"))
-        else:
-            not_claimed.append(why)
-    if not cases:
-        raise claims.NotClaimed(implementation, f"none of the {len(sizes)} sizes: {not_claimed[0]}")
+    cases = claimed_tpu_cases(family, implementation, mesh_config, tpu_memory.memory_dims(family))
     run_gathered(checks.CHECKS["tpu_memory"], cases, conformance_session, what="sizes")
 
 
@@ -252,12 +232,27 @@ def test_tpu_pod(
 ) -> None:
     """Compiled by the real TPU compiler for a whole v5e slice of 64 and of 256 chips at the family's
     TPU-native dims (bfloat16), or refused by the kernel naming its limit."""
-    dims = dict(specs.get(family).tpu_native_dims or {})
-    why = claims.reason(family, implementation, platform="tpu", mesh=mesh_config, dims=dims, dtype="bfloat16")
-    if why is not None:
-        raise claims.NotClaimed(implementation, why)
-    case = Case.make(family, implementation, mesh_config, dims, "bfloat16")
-    run_gathered(checks.CHECKS["tpu_pod"], [case], conformance_session, what="pod slices")
+    cases = claimed_tpu_cases(family, implementation, mesh_config, [specs.get(family).tpu_native_dims or {}])
+    run_gathered(checks.CHECKS["tpu_pod"], cases, conformance_session, what="pod slices")
+
+
+def claimed_tpu_cases(
+    family: str, implementation: str, mesh: MeshConfig, sizes: Sequence[Mapping[str, int]]
+) -> list[Case]:
+    """The bfloat16 cases at ``sizes`` that ``implementation`` claims for TPU; not claimed (a skip
+    naming why) if it claims none."""
+    cases, not_claimed = [], []
+    for dims in sizes:
+        why = claims.reason(
+            family, implementation, platform="tpu", mesh=mesh, dims=dict(dims), dtype="bfloat16"
+        )
+        if why is None:
+            cases.append(Case.make(family, implementation, mesh, dict(dims), "bfloat16"))
+        else:
+            not_claimed.append(why)
+    if not cases:
+        raise claims.NotClaimed(implementation, f"none of the {len(sizes)} sizes: {not_claimed[0]}")
+    return cases
 
 
 def run_gathered(check: Check, cases: list[Case], session: Session, *, what: str) -> None:
