@@ -22,7 +22,6 @@ generated code) and does not judge.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from typing import Any
 
 from conformance import compat, registry, specs, tpu_compiler
@@ -31,7 +30,7 @@ from conformance.checks.tpu_schedule import (
     SCHEDULE_TOPOLOGIES,
     compiled_on_topology,
     compiled_or_fail,
-    judge_of,
+    topology_rows,
 )
 from conformance.runner import Case
 
@@ -121,7 +120,7 @@ def _judge(case: Case, base_case: Case, topology: str, records: list[TpuMemoryRe
         getattr(base, "peak_memory_in_bytes", None),
         base.generated_code_size_in_bytes,
         case.implementation.baseline,
-        judge_of(topology),
+        tpu_compiler.judge(topology),
     )
     records.append(record)
     if record.baseline:
@@ -158,23 +157,16 @@ def tpu_memory_table(records: list[Any]) -> list[tuple[str, list[str]]]:
         f"TPU memory: peak HBM per chip (x the baseline's; fails above {PEAK_RATIO}x) and generated "
         "code, per size, compiled by the real TPU compiler"
     )
-    rows: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
-    for r in records:
-        rows[(r.family, r.impl, r.topology)].append(r)
-    width = max(len(r.impl) for r in records)
-    lines = []
-    for (family, impl, topology), recs in sorted(rows.items()):
-        cells = []
+
+    def cells(recs: list[Any]) -> str:
+        out = []
         for r in sorted(recs, key=lambda r: sorted(r.dims)):
             peak = "peak n/a" if r.peak is None else _mib(r.peak)
             ratio = "" if r.baseline or r.ratio is None else f" ({r.ratio:.2f}x)"
-            cells.append(f"{peak}{ratio}, code {_mib(r.code)}")
-        line = f"{family:<21} {impl:<{width}}  {topology:<8} " + "  |  ".join(cells)
-        if recs[0].baseline:
-            line += "  (baseline)"
-        lines.append(line)
-    lines.append(f"judge: {', '.join(sorted({r.judge.split(' (')[0] for r in records}))}")
-    return [(title, lines)]
+            out.append(f"{peak}{ratio}, code {_mib(r.code)}")
+        return "  |  ".join(out)
+
+    return [(title, topology_rows(records, cells, baseline_note="baseline"))]
 
 
 def _mib(nbytes: int | None) -> str:

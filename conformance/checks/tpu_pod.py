@@ -18,7 +18,7 @@ from typing import Any
 
 from conformance import compat, mosaic, tpu_compiler
 from conformance.checks.base import Check, NotJudged, fail, keeping
-from conformance.checks.tpu_schedule import compiled_on_topology, judge_of
+from conformance.checks.tpu_schedule import compiled_on_topology, judges_line
 from conformance.runner import Case
 
 #: The pod meshes: 1-D rings over a whole v5e slice.
@@ -63,7 +63,7 @@ def check_tpu_pod(case: Case) -> TpuPodRecord:
             code,
             refusal,
             case.implementation.baseline,
-            judge_of(topology),
+            tpu_compiler.judge(topology),
         )
         records.append(made)
         return made
@@ -79,7 +79,7 @@ def check_tpu_pod(case: Case) -> TpuPodRecord:
                 case,
                 "tpu_pod",
                 f"the TPU compiler refuses it on {chips} chips ({topology})",
-                [f"compiler       : {refusal}", f"judge          : {judge_of(topology)}"],
+                [f"compiler       : {refusal}", f"judge          : {tpu_compiler.judge(topology)}"],
             ) from refusal
         return record(compiled.memory_analysis().generated_code_size_in_bytes, None)
 
@@ -105,7 +105,7 @@ def tpu_pod_table(records: list[Any]) -> list[tuple[str, list[str]]]:
             else:
                 cells.append(f"{r.chips} chips: REFUSED by the compiler")
         lines.append(f"{family:<21} {impl:<{width}}  " + "  |  ".join(cells))
-    lines.append(f"judge: {', '.join(sorted({r.judge.split(' (')[0] for r in records}))}")
+    lines.append(judges_line(records))
     return [("TPU pod scale: compiled for whole v5e slices by the real TPU compiler", lines)]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -121,14 +122,9 @@ def compiled_or_fail(case: Case, topology: str, check: str) -> Any:
     return call_kernel(case, check, compile_it)
 
 
-def judge_of(topology: str) -> str:
-    """``libtpu 0.0.42.1 (v5e:2x4)``: who gave a TPU-tier verdict."""
-    return tpu_compiler.judge(topology)
-
-
 def _judge(case: Case, topology: str, records: list[TpuScheduleRecord]) -> None:
     impl = case.implementation
-    judge = judge_of(topology)
+    judge = tpu_compiler.judge(topology)
     module = hlo.parse_module(compiled_or_fail(case, topology, "tpu_schedule").as_text())
     scheduled = hlo.schedule(module)
     records.append(
@@ -175,6 +171,25 @@ def _judge(case: Case, topology: str, records: list[TpuScheduleRecord]) -> None:
     )
 
 
+def topology_rows(records: list[Any], cells: Callable[[list[Any]], str], *, baseline_note: str) -> list[str]:
+    """A TPU-tier table's lines: one per implementation and topology (``cells`` of its records, one
+    per size), the baseline's marked, then the libtpu versions that judged them."""
+    rows: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
+    for r in records:
+        rows[(r.family, r.impl, r.topology)].append(r)
+    width = max(len(r.impl) for r in records)
+    lines = []
+    for (family, impl, topology), recs in sorted(rows.items()):
+        line = f"{family:<21} {impl:<{width}}  {topology:<8} {cells(recs)}"
+        lines.append(line + (f"  ({baseline_note})" if recs[0].baseline else ""))
+    return [*lines, judges_line(records)]
+
+
+def judges_line(records: list[Any]) -> str:
+    """``judge: libtpu 0.0.42.1``: the libtpu versions that gave the records' verdicts."""
+    return f"judge: {', '.join(sorted({r.judge.split(' (')[0] for r in records}))}"
+
+
 def tpu_schedule_table(records: list[Any]) -> list[tuple[str, list[str]]]:
     """Per implementation and topology: transfers hidden / all in the real TPU schedule, per size."""
     if not records:
@@ -183,22 +198,13 @@ def tpu_schedule_table(records: list[Any]) -> list[tuple[str, list[str]]]:
         "TPU schedule: transfers with a matmul inside them / all transfers, per size (bytes per hop), "
         "in the module the real TPU compiler scheduled"
     )
-    rows: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
-    for r in records:
-        rows[(r.family, r.impl, r.topology)].append(r)
-    width = max(len(r.impl) for r in records)
-    lines = []
-    for (family, impl, topology), recs in sorted(rows.items()):
-        sizes = "  ".join(
+
+    def cells(recs: list[Any]) -> str:
+        return "  ".join(
             f"{_size(r.hop_bytes)}: {r.hidden}/{r.total}" for r in sorted(recs, key=lambda r: r.hop_bytes)
         )
-        line = f"{family:<21} {impl:<{width}}  {topology:<8} {sizes}"
-        if recs[0].baseline:
-            line += "  (baseline: reported, not judged)"
-        lines.append(line)
-    judges = sorted({r.judge.split(" (")[0] for r in records})
-    lines.append(f"judge: {', '.join(judges)}")
-    return [(title, lines)]
+
+    return [(title, topology_rows(records, cells, baseline_note="baseline: reported, not judged"))]
 
 
 def _size(nbytes: int) -> str:
