@@ -75,25 +75,6 @@ def run_in_worker(check: Check, case: Case, session: session_lib.Session) -> Che
     return worker.check(check.name, case, session)
 
 
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def _record_to_json(record: Any) -> dict[str, Any]:
-    kind = type(record)
-    return {"type": f"{kind.__module__}:{kind.__qualname__}", "fields": dataclasses.asdict(record)}
-
-
-def _record_from_json(data: dict[str, Any]) -> Any:
-    """A record the worker sent, rebuilt as its dataclass: one defined in a check module, no other."""
-    module_name, _, qualname = data["type"].partition(":")
-    module = {m.__name__: m for m in checks.MODULES}.get(module_name)
-    kind = getattr(module, qualname, None) if module is not None else None
-    if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
-        raise RuntimeError(f"the conformance worker sent a record of an unknown type: {data['type']!r}")
-    return kind(**{k: _tuples(v) for k, v in data["fields"].items()})
-
-
 class Worker:
     """The parent's handle on one worker process."""
 
@@ -210,7 +191,7 @@ class Worker:
             tail = ["worker stderr (last lines):", *self.stderr_tail().splitlines()]
             failure = checks.fail(case, name, what, [*self.where_stuck(), *tail])
             return CheckOutcome(name, case, "failed", str(failure), failure.what, failure)
-        records = [_record_from_json(r) for r in answer.get("records", ())]
+        records = [outcomes.record_from_json(r) for r in answer.get("records", ())]
         verdict, message = answer["outcome"], answer.get("message", "")
         if answer.get("hung"):
             self.proc.wait()  # it ended itself; the next check starts a fresh worker
@@ -289,7 +270,7 @@ def _serve(out: TextIO, settings: session_lib.Settings) -> None:
             answer = _failure_message(outcome.failure)
         else:
             answer = {"outcome": outcome.verdict, "message": outcome.message}
-        answer["records"] = [_record_to_json(r) for r in outcome.records]
+        answer["records"] = [outcomes.record_to_json(r) for r in outcome.records]
         _send(out, answer)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance import checks, compat
+from conformance import bench, checks, compat
 from conformance import session as session_lib
 from conformance.checks.base import Check
 from conformance.runner import Case
@@ -55,6 +55,28 @@ class CheckOutcome:
         if self.verdict == "not_judged":
             return f"{self.case.impl}: not judged: {self.message}"
         return f"{self.case.impl}: {self.message}"
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def record_to_json(record: Any) -> dict[str, Any]:
+    """A check's (or benchmark's) record in plain values, for another process: its dataclass's
+    module and name, and its fields."""
+    kind = type(record)
+    return {"type": f"{kind.__module__}:{kind.__qualname__}", "fields": dataclasses.asdict(record)}
+
+
+def record_from_json(data: dict[str, Any]) -> Any:
+    """A record another process of the run sent (the Pallas worker, a pytest-xdist worker), rebuilt
+    as its dataclass: one defined in a check module or the benchmarks', no other."""
+    module_name, _, qualname = data["type"].partition(":")
+    module = {m.__name__: m for m in (*checks.MODULES, bench)}.get(module_name)
+    kind = getattr(module, qualname, None) if module is not None else None
+    if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+        raise RuntimeError(f"a record of an unknown type came from another process: {data['type']!r}")
+    return kind(**{k: _tuples(v) for k, v in data["fields"].items()})
 
 
 def resolve(check: Check | str) -> Check:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conformance import bench, checks, claims, distributed, report, results
+from conformance import bench, checks, claims, distributed, plugin_xdist, report, results
 from conformance.fixtures import devices as devices_lib
 from conformance.session import Session
 
@@ -19,6 +19,8 @@ SESSION = pytest.StashKey[Session]()
 STARTED = pytest.StashKey[tuple]()
 #: The platforms whose tests were selected.
 PLATFORMS = pytest.StashKey[set]()
+#: Platforms whose tests were selected but whose backend this host lacks: the host's description.
+MISSING_BACKENDS = pytest.StashKey[dict]()
 #: pytest's exit status, once the session finished.
 EXIT_STATUS = pytest.StashKey[int]()
 
@@ -75,10 +77,14 @@ def _outcome_of(rep: pytest.TestReport) -> str | None:
 class OutcomeRecorder:
     """Writes each test's outcome into the run log (registered at configure: this hook gets no config)."""
 
-    def __init__(self, log: results.RunLog) -> None:
+    def __init__(self, log: results.RunLog, *, from_workers: bool = False) -> None:
         self.log = log
+        #: The reports come from pytest-xdist workers, with their tests' id parts and records.
+        self.from_workers = from_workers
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.from_workers:
+            plugin_xdist.take_report_payload(self.log, report)
         props = dict(report.user_properties)
         if "conformance_id" not in props:
             return
@@ -88,7 +94,7 @@ class OutcomeRecorder:
         prior = self.log.outcomes.get(report.nodeid)
         if prior is not None and prior.outcome in ("failed", "xpassed"):
             return  # a teardown does not undo a failure
-        failure = getattr(report, "conformance_failure", None) if report.failed else None
+        cause = getattr(report, "conformance_failure", None) if report.failed else None
         if report.failed or report.skipped:
             message = skip_reason(report) if report.skipped and got != "xfailed" else str(report.longreprtext)
         else:
@@ -102,8 +108,8 @@ class OutcomeRecorder:
             replay=props.get("replay"),
             duration_s=round(report.duration + (prior.duration_s if prior else 0.0), 4),
             xfail_reason=getattr(report, "wasxfail", None) or None,
-            what=getattr(failure, "what", None),
-            failure=failure,
+            what=cause.get("what") if cause else None,
+            failure=results.FailureCause.from_json(cause) if cause else None,
         )
 
 
@@ -141,16 +147,23 @@ def tables(log: results.RunLog) -> list[results.Table]:
     return made
 
 
+def missing_backends(config: pytest.Config) -> dict[str, str]:
+    """Each platform whose tests were selected but whose backend this host lacks, with the host's
+    description (under pytest-xdist, as the workers found them)."""
+    if MISSING_BACKENDS in config.stash:
+        return config.stash[MISSING_BACKENDS]
+    platforms = sorted(config.stash.get(PLATFORMS, set()))
+    missing = [p for p in platforms if not devices_lib.has_platform(p)]
+    return {p: devices_lib.describe_host() for p in missing}
+
+
 def _missing_backends(config: pytest.Config) -> list[str]:
     """Lines for each platform whose tests were selected but whose backend this host lacks."""
     lines = []
-    for platform in sorted(config.stash.get(PLATFORMS, set())):
-        if devices_lib.has_platform(platform):
-            continue
+    for platform, host in sorted(missing_backends(config).items()):
         every = outcomes(run_log(config))
         ran = [o for o in every if o.platform == platform and o.outcome in ("passed", "failed")]
         skipped = sum(o.platform == platform and o.outcome == "skipped" for o in every)
-        host = devices_lib.describe_host()
         lines.append(
             f"no {platform} backend on this host ({host}): {skipped} {platform} tests skipped, "
             f"{len(ran)} ran; --require-backend={platform} makes this a failure"
@@ -196,6 +209,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     config.stash[EXIT_STATUS] = int(exitstatus)
     log = run_log(config)
+    if plugin_xdist.is_worker(config):  # the controller reports; it needs what collection found here
+        platforms = config.stash.get(PLATFORMS, set())
+        output = plugin_xdist.worker_output(log, platforms, missing_backends(config))
+        config.workeroutput[plugin_xdist.WORKER_OUTPUT_KEY] = output  # type: ignore[attr-defined]
+        return
     if not log.outcomes:
         return
     made = tables(log)

@@ -56,10 +56,12 @@ import pytest
 
 from conformance import (
     compat,
+    compilation_cache,
     distributed,
     known_failures,
     plugin_jobs,
     plugin_report,
+    plugin_xdist,
     registry,
     results,
     runner,
@@ -70,6 +72,7 @@ from conformance.checks.base import Axes
 from conformance.fixtures import devices as devices_lib
 from conformance.fixtures import meshes, pytest_fixtures
 from conformance.plugin_report import (
+    MISSING_BACKENDS,
     PLATFORMS,
     SESSION,
     STARTED,
@@ -126,6 +129,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=Settings.isolation,
         help="process (default): check Pallas kernels on CPU in a worker process that can "
         "be stopped whatever hangs; off: in this process",
+    )
+    group.addoption(
+        "--compilation-cache",
+        default=None,
+        metavar="DIR|off",
+        help="JAX's persistent compilation cache for the suite's compiles on this host, read back by "
+        "a repeat run: default, pytest's cache directory, one folder per JAX and jaxlib version "
+        "(a cache the user set, JAX_COMPILATION_CACHE_DIR, is left as it is); off: none",
     )
     group.addoption(
         "--bench-sizes",
@@ -207,7 +218,13 @@ def kernel_modules(config: pytest.Config) -> list[str]:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    if config.getoption("distributed") or distributed.launched():
+    in_job = config.getoption("distributed") or distributed.launched()
+    if in_job and (plugin_xdist.is_controller(config) or plugin_xdist.is_worker(config)):
+        raise pytest.UsageError(
+            "-n (pytest-xdist) in a multi-process JAX job: each rank is one process of the job; "
+            "run the job without -n"
+        )
+    if in_job:
         # Registered before JAX's own shutdown handler, so it runs after it (atexit runs in reverse).
         atexit.register(plugin_jobs.exit_past_abandoned_calls, config)
         distributed.initialize()
@@ -220,17 +237,35 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
     session = Session(run_settings)
-    session.log = results.RunLog()
+    session.log = results.RunLog(unsent=[] if plugin_xdist.is_worker(config) else None)
     config.stash[SESSION] = session
     # Active for the whole pytest session (what runs outside a check, e.g. a benchmark's kernel
     # under the watchdog, reads its bounds); undone at unconfigure.
-    config.stash[_UNDO] = session.activate()
+    undo_session = session.activate()
+    cache_dir = _compilation_cache_dir(config, in_job=bool(in_job))
+    undo_cache = compilation_cache.use(cache_dir) if cache_dir else lambda: None
+
+    def undo() -> None:
+        undo_cache()
+        undo_session()
+
+    config.stash[_UNDO] = undo
     # The suite's hypothesis tests use this profile; the session's default profile (the user's own
     # tests') is left alone. --hypothesis-profile=NAME picks another for the suite as well.
     strategies.use_profile(config.getoption("hypothesis_profile", None))
     config.stash[STARTED] = (datetime.datetime.now().astimezone(), time.monotonic())
     config.pluginmanager.register(_DevicesAfterCollection(), "conformance-devices")
-    config.pluginmanager.register(plugin_report.OutcomeRecorder(session.log), "conformance-outcomes")
+    from_workers = plugin_xdist.is_controller(config)
+    config.pluginmanager.register(
+        plugin_report.OutcomeRecorder(session.log, from_workers=from_workers), "conformance-outcomes"
+    )
+    if from_workers:
+        config.stash[PLATFORMS] = set()
+        config.stash[MISSING_BACKENDS] = {}
+        controller = plugin_xdist.Controller(
+            session.log, config.stash[PLATFORMS], config.stash[MISSING_BACKENDS]
+        )
+        config.pluginmanager.register(controller, "conformance-xdist")
     config.pluginmanager.register(plugin_report, "conformance-report")  # its hooks: the end of the run
     config.pluginmanager.register(pytest_fixtures, "conformance-fixtures")
     for module in ["conformance.kernels", *kernel_modules(config)]:
@@ -242,6 +277,21 @@ def pytest_configure(config: pytest.Config) -> None:
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
         names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))
         raise pytest.UsageError(f"--impl={pattern} matches no implementation; registered: {names}")
+
+
+def _compilation_cache_dir(config: pytest.Config, *, in_job: bool) -> str | None:
+    """Where this run keeps JAX's persistent compilation cache (``--compilation-cache``), or ``None``:
+    off, a cache the user set, a run without pytest's cache provider, a multi-process job, and
+    ``--isolation=off`` (Pallas kernels interpreted in this process: their executables hold host
+    callbacks, which a cache must not hand to another process)."""
+    asked = config.getoption("compilation_cache")
+    if asked == "off" or in_job or config.getoption("isolation") != "process":
+        return None
+    if asked:
+        return str(Path(asked).expanduser().resolve())
+    if compilation_cache.set_by_user() or getattr(config, "cache", None) is None:
+        return None
+    return str(config.cache.mkdir(compilation_cache.folder_name()))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -487,7 +537,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if rep.when == "call" and rep.failed:
         # the check's own failure: the outcome's verdict line, and its case for the failure summary
         failure = plugin_report.conformance_failure(call.excinfo.value if call.excinfo else None)
-        rep.conformance_failure = failure
+        cause = results.FailureCause.of(failure, check=meta.get("check"))
+        rep.conformance_failure = cause.as_json() if cause is not None else None  # plain values: the
+        # report may travel to another process (pytest-xdist)
         if failure is not None and failure.case is not None:
             note("case", failure.case.token)
             note("replay", failure.case.replay_command(failure.check))
+    if plugin_xdist.is_worker(item.config):  # what the controller's report needs of this test
+        rep.conformance_payload = plugin_xdist.report_payload(run_log(item.config), meta)

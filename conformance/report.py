@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from typing import Any
 
 from conformance import results, specs
 from conformance.specs.base import FIXED_SHAPES
@@ -26,20 +25,12 @@ MAX_CAUSES = 8
 PASSED, FAILED = ("passed", "xpassed"), "failed"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Failed:
+def _cause(o: results.Outcome) -> results.FailureCause:
     """One failed test as the summary needs it: the check that failed, its case, its verdict line."""
-
-    check: str
-    case: Any
-    what: str | None
-
-
-def _failed(o: results.Outcome) -> _Failed:
     f = o.failure
     if f is None:
-        return _Failed(o.check or "?", None, o.what)
-    return _Failed(f.check or o.check or "?", f.case, f.what)
+        return results.FailureCause(o.check or "?", o.what)
+    return dataclasses.replace(f, check=f.check or o.check or "?")
 
 
 def _dims_text(dims: dict[str, int]) -> str:
@@ -78,22 +69,22 @@ def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
             by_impl[(o.family, o.impl)].append(o)
     lines: list[str] = []
     for (family, impl), group in sorted(by_impl.items()):
-        failures = [_failed(o) for o in group if o.outcome == FAILED]
+        failures = [_cause(o) for o in group if o.outcome == FAILED]
         if not failures:
             continue
         passed = sum(o.outcome in PASSED for o in group)
         lines.append(f"{family}/{impl}: {len(failures)} failed, {passed} passed")
         lines += _shape_line(family, group)
-        causes: dict[str, list[_Failed]] = defaultdict(list)
+        causes: dict[str, list[results.FailureCause]] = defaultdict(list)
         for v in failures:  # one cause: one verdict line, whichever checks gave it
             causes[v.what or f"{v.check}: no verdict line (see the test's report)"].append(v)
 
-        def smallest(vs: list[_Failed]) -> _Failed | None:
-            return min((v for v in vs if v.case is not None), key=lambda v: v.case.size_key(), default=None)
+        def smallest(vs: list[results.FailureCause]) -> results.FailureCause | None:
+            return min((v for v in vs if v.case_size is not None), key=lambda v: v.case_size, default=None)
 
-        def order(item: tuple[str, list[_Failed]]) -> tuple:
+        def order(item: tuple[str, list[results.FailureCause]]) -> tuple:
             first = smallest(item[1])
-            return (first is None, first.case.size_key() if first else (), -len(item[1]), item[0])
+            return (first is None, first.case_size if first else (), -len(item[1]), item[0])
 
         ordered = sorted(causes.items(), key=order)
         for what, vs in ordered[:MAX_CAUSES]:
@@ -101,12 +92,12 @@ def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
             where = ", ".join(f"{check} {n}" for check, n in per_check.most_common())
             lines.append(f"  {len(vs):>3}x {what}")
             first = smallest(vs)
-            at = f"; smallest: {first.case.token} ({first.check})" if first else ""
+            at = f"; smallest: {first.case_token} ({first.check})" if first else ""
             lines.append(f"       in {where}{at}")
         if len(ordered) > MAX_CAUSES:
             rest = ordered[MAX_CAUSES:]
             lines.append(f"  ... and {len(rest)} more causes ({sum(len(vs) for _, vs in rest)} failures)")
         first = next((f for _, vs in ordered if (f := smallest(vs)) is not None), None)
-        if first:
-            lines.append(f"  start here : {first.case.replay_command(first.check)}")
+        if first and first.replay:
+            lines.append(f"  start here : {first.replay}")
     return lines

@@ -54,6 +54,47 @@ OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "not_claimed")
 _LETTER = {"failed": "F", "xpassed": "X", "passed": "P", "xfailed": "x", "not_claimed": "n", "skipped": "s"}
 
 
+@dataclasses.dataclass(frozen=True)
+class FailureCause:
+    """What the failure summary needs of a check's failure, in plain values (with pytest-xdist it
+    travels on the test's report from the worker that ran it to the process that reports)."""
+
+    #: The check that failed.
+    check: str | None
+    #: Its one-line verdict, which the summary groups failures by.
+    what: str | None
+    #: The failing case's token, its size (smallest first) and its replay command; ``None`` when
+    #: the failure names no case.
+    case_token: str | None = None
+    case_size: tuple[Any, ...] | None = None
+    replay: str | None = None
+
+    @classmethod
+    def of(cls, failure: Any, *, check: str | None = None) -> FailureCause | None:
+        """The cause of a :class:`~conformance.checks.ConformanceFailure` (``check``: the test's, for a
+        failure that does not name one)."""
+        if failure is None:
+            return None
+        case, named = getattr(failure, "case", None), getattr(failure, "check", None) or check
+        if case is None:
+            return cls(named, getattr(failure, "what", None))
+        return cls(
+            named,
+            failure.what,
+            case_token=case.token,
+            case_size=tuple(case.size_key()),
+            replay=case.replay_command(named) if named else None,
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FailureCause:
+        size = data.get("case_size")
+        return cls(**{**data, "case_size": tuple(size) if size is not None else None})
+
+
 @dataclasses.dataclass
 class Outcome:
     id: str
@@ -74,12 +115,11 @@ class Outcome:
     xfail_reason: str | None = None
     #: A failure's one-line verdict (what the failure summary groups by), where a check gave one.
     what: str | None = None
-    #: The check's :class:`~conformance.checks.ConformanceFailure` (its case, check and verdict
-    #: line), kept for this run's failure summary; not part of the JSON.
-    failure: Any = dataclasses.field(default=None, compare=False, repr=False)
+    #: The check's failure as the run's failure summary needs it; not part of the JSON.
+    failure: FailureCause | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def as_json(self) -> dict[str, Any]:
-        """Its fields as the JSON report has them (the failure object stays behind)."""
+        """Its fields as the JSON report has them (the failure cause stays behind)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "failure"}
 
 
@@ -101,16 +141,29 @@ class RunLog:
     last_check: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The node id of the test running now.
     current: str | None = None
+    #: Records not yet sent on, as ``(source, record)``, where another process reports this run (a
+    #: pytest-xdist worker's log); ``None``: kept here only.
+    unsent: list[tuple[str, Any]] | None = None
 
     def add(self, outcome: Any) -> None:
         """A :class:`~conformance.outcomes.CheckOutcome` of the running test: its records join the
         run's, and it becomes the test's last check."""
-        self.records.setdefault(outcome.check, []).extend(outcome.records)
+        self.add_records(outcome.check, outcome.records)
         if self.current is not None:
             self.last_check[self.current] = outcome
 
     def add_records(self, source: str, records: Iterable[Any]) -> None:
+        records = list(records)
         self.records.setdefault(source, []).extend(records)
+        if self.unsent is not None:
+            self.unsent += [(source, r) for r in records]
+
+    def take_unsent(self) -> list[tuple[str, Any]]:
+        """The records made since the last call (to send with a test's report), and forget them."""
+        if self.unsent is None:
+            return []
+        taken, self.unsent = self.unsent, []
+        return taken
 
 
 @dataclasses.dataclass

@@ -174,7 +174,7 @@ def accuracy_table(title: str, records: list[Any]) -> list[tuple[str, list[str]]
         rows[(r.family, r.impl, r.dtype, r.gradient)].append(r)
     lines = []
     for (family, impl, dtype, gradient), recs in sorted(rows.items()):
-        worst = max(recs, key=lambda r: r.ratio)
+        worst = max(recs, key=lambda r: (r.ratio, r.rms, r.mesh))  # ties: the larger error, by name after
         low = min(r.ratio for r in recs)
         span = f"{low:.2f}-{worst.ratio:.2f}" if f"{low:.2f}" != f"{worst.ratio:.2f}" else f"{low:.2f}"
         rms = f"{worst.rms:.3e} / {worst.baseline_rms:.3e}"

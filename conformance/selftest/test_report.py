@@ -34,8 +34,9 @@ def _outcome(
     """A test's outcome as the run log has it; a failure carries the check's failure, if it gave one."""
     failure = None
     if case is not None:
-        failure = ConformanceFailure(what)
-        failure.case, failure.check, failure.what = case, check, what
+        error = ConformanceFailure(what)
+        error.case, error.check, error.what = case, check, what
+        failure = results.FailureCause.of(error)
     return results.Outcome(
         id=f"{FAMILY}/{impl}/{check}",
         nodeid=f"test_{check}[{impl}]",

@@ -1,0 +1,127 @@
+"""The suite under pytest-xdist: ``pytest conformance -m cpu -n auto`` runs its tests in worker
+processes and reports them as one run.
+
+Each worker is a run of its own (its session, its compiled executables, its Pallas worker
+process). What the report needs of a test travels back with the test's report, in plain values:
+its uniform id and parts, its failure's cause (:class:`conformance.results.FailureCause`) and the
+records its checks made for the run's tables (:func:`conformance.outcomes.record_to_json`). When a
+worker finishes it sends the stale lines of the known-failures files (each worker collects every
+test, so each finds the same) and the platforms its tests needed. The controller, the process
+that prints, writes the JSON, HTML and JUnit files, rebuilds its run log from these alone.
+
+Scheduling: under ``--dist load`` (what ``-n`` alone gives) the plugin sends every test of one
+implementation on one mesh to the same worker (:func:`group_of`), so the fixed-shape checks of a
+mesh share one compile and one run as they do in one process, and a TPU-tier test shares the
+topology's compiles with the other checks of its slice. Any other ``--dist`` is left as asked.
+
+A multi-process JAX job (``python -m conformance launch``) is already one process per rank; the
+plugin refuses ``-n`` there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from conformance import outcomes, results
+
+#: The key of a worker's end-of-run message in xdist's ``workeroutput``.
+WORKER_OUTPUT_KEY = "conformance"
+
+#: A mesh label inside a test id's parameters (``8-x-explicit``, ``2x4-y-auto``, ``256-x-explicit``).
+_MESH_LABEL = re.compile(r"(?:^|-)(\d+(?:x\d+)*-[a-z_]+-(?:auto|explicit))(?=-|$)")
+
+
+def is_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker (its reports go to a controller)."""
+    return hasattr(config, "workerinput")
+
+
+def is_controller(config: pytest.Config) -> bool:
+    """Whether this process hands its tests to pytest-xdist workers (it runs none itself)."""
+    return (
+        not is_worker(config)
+        and bool(getattr(config.option, "numprocesses", None))
+        and (getattr(config.option, "dist", "no") != "no")
+    )
+
+
+def group_of(nodeid: str) -> str:
+    """The scheduling group of a test: its module, implementation and mesh (or its module and
+    function, for a test parametrized otherwise).
+
+    ``conformance/test_all_gather.py::test_values[pallas_ring_all_gather_bidirectional-8-x-auto-cpu]``
+    is in ``conformance/test_all_gather.py::pallas_ring_all_gather_bidirectional::8-x-auto``.
+    """
+    path, _, rest = nodeid.partition("::")
+    function, _, params = rest.partition("[")
+    params = params.removesuffix("]")
+    if not params:
+        return f"{path}::{function}"
+    impl = params.split("-", 1)[0]
+    mesh = _MESH_LABEL.search(params)
+    return f"{path}::{impl}::{mesh.group(1) if mesh else ''}"
+
+
+def report_payload(log: results.RunLog, meta: dict[str, Any]) -> dict[str, Any]:
+    """What a worker's test report carries for the controller: the test's id parts and the records
+    made since the last report."""
+    return {
+        "meta": meta,
+        "records": [[source, outcomes.record_to_json(r)] for source, r in log.take_unsent()],
+    }
+
+
+def take_report_payload(log: results.RunLog, report: pytest.TestReport) -> None:
+    """On the controller: a worker's report's id parts and records into this run's log."""
+    payload = getattr(report, "conformance_payload", None)
+    if not payload:
+        return
+    log.item_meta.setdefault(report.nodeid, payload["meta"])
+    for source, record in payload["records"]:
+        log.add_records(source, [outcomes.record_from_json(record)])
+
+
+def worker_output(log: results.RunLog, platforms: set[str], missing: dict[str, str]) -> str:
+    """A worker's end-of-run message (JSON text): the stale known-failure lines, the platforms its
+    tests needed, and those this host lacks (with the host's description)."""
+    return json.dumps({"stale": log.stale, "platforms": sorted(platforms), "missing": missing})
+
+
+class Controller:
+    """The controller's side: the scheduler, and each worker's end-of-run message into this run's
+    log and the platform sets the report reads."""
+
+    def __init__(self, log: results.RunLog, platforms: set[str], missing: dict[str, str]) -> None:
+        self.log = log
+        self.platforms = platforms
+        self.missing = missing
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.getoption("dist") != "load":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ByImplementationAndMesh(LoadScopeScheduling):
+            """xdist's scope scheduling, a scope being one implementation on one mesh."""
+
+            def _split_scope(self, nodeid: str) -> str:
+                return group_of(nodeid)
+
+        return ByImplementationAndMesh(config, log)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        text = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
+        if not text:
+            return
+        sent = json.loads(text)
+        for line in sent["stale"]:
+            if line not in self.log.stale:
+                self.log.stale.append(line)
+        self.platforms.update(sent["platforms"])
+        self.missing.update(sent["missing"])

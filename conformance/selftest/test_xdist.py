@@ -1,0 +1,116 @@
+"""pytest-xdist: a run split over worker processes reports what the same run in one process
+reports (outcomes, tables, failures by cause, stale known-failure lines), its scheduler keeps one
+implementation's tests on one mesh together, and a multi-process JAX job refuses ``-n``.
+
+The sub-runs are separate pytest processes with the suite's plugin loaded as a user gets it, on a
+correct kernel and one that adds one to every element (it fails its value checks on every mesh).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance import launch, plugin_xdist
+from conformance.selftest.test_plugin_options import KERNELS, _pytest
+
+pytestmark = [pytest.mark.selftest]
+
+BROKEN = (
+    KERNELS
+    + '''
+
+@conformance.register(
+    "all_gather", name="opt_gather_plus_one", platforms=("cpu",), dtypes=("float32", "int32")
+)
+def opt_gather_plus_one(x, *, mesh, axis_name):
+    """Adds one to every element it gathers."""
+    return opt_gather(x, mesh=mesh, axis_name=axis_name) + 1
+'''
+)
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "group"),
+    [
+        (
+            "conformance/test_all_gather.py::test_values[pallas_ring_all_gather_bidirectional-8-x-auto-cpu]",
+            "conformance/test_all_gather.py::pallas_ring_all_gather_bidirectional::8-x-auto",
+        ),
+        (
+            "conformance/test_all_gather.py::test_dtype[xla_all_gather-2x4-y-explicit-even-int8-cpu]",
+            "conformance/test_all_gather.py::xla_all_gather::2x4-y-explicit",
+        ),
+        (  # the TPU tier's slices are meshes too: schedule and memory share the topology's compiles
+            "conformance/test_allgather_matmul.py::test_tpu_memory[ring_allgather_matmul_bidirectional-16-x-explicit]",
+            "conformance/test_allgather_matmul.py::ring_allgather_matmul_bidirectional::16-x-explicit",
+        ),
+        (
+            "conformance/test_all_gather.py::test_tpu_layout[pallas_ring_all_gather_unidirectional-int8]",
+            "conformance/test_all_gather.py::pallas_ring_all_gather_unidirectional::",
+        ),
+        ("conformance/test_tpu_refusals.py::test_timeout", "conformance/test_tpu_refusals.py::test_timeout"),
+    ],
+)
+def test_a_group_is_one_implementation_on_one_mesh(nodeid: str, group: str) -> None:
+    assert plugin_xdist.group_of(nodeid) == group
+
+
+def _section(stdout: str, title: str) -> list[str]:
+    """The lines of the terminal section ``title`` (to the next section or the final line)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if title in line and line.startswith("="))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("=")), len(lines))
+    return lines[start + 1 : end]
+
+
+@pytest.mark.integration
+def test_a_run_split_over_workers_reports_what_one_process_reports(tmp_path: Path) -> None:
+    pytest.importorskip("xdist")
+    runs = {}
+    for workers in ("0", "2"):
+        where = tmp_path / f"n{workers}"
+        where.mkdir()
+        (where / "xfails.txt").write_text("all_gather/opt_gather/no_such_check/*\n")
+        done = _pytest(
+            where,
+            "-m",
+            "cpu",
+            "--impl=opt_gather*",
+            "-k",
+            "test_values or test_dtype or test_collectives or test_lowered_bytes",
+            "--meshes=2-x-auto,4-x-explicit,2x4-y-auto",
+            "--xfails-file=xfails.txt",
+            "--conformance-json=out.json",
+            "-n",
+            workers,
+            kernels=BROKEN,
+        )
+        assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+        runs[workers] = (done.stdout, json.loads((where / "out.json").read_text()))
+    (one_out, one), (split_out, split) = runs["0"], runs["2"]
+    assert "bringing up nodes" in split_out and "[gw0]" in split_out, split_out[:2000]  # workers ran
+    assert one["counts"] == split["counts"] and one["counts"]["failed"] > 0, (one["counts"], split["counts"])
+    assert {o["id"]: o["outcome"] for o in one["outcomes"]} == {
+        o["id"]: o["outcome"] for o in split["outcomes"]
+    }
+    # the failures' verdict lines and cases, and every table, came back from the workers
+    by_cause = "conformance failures by implementation"
+    assert _section(one_out, by_cause) == _section(split_out, by_cause), split_out[-3000:]
+    assert any("start here : python -m conformance replay" in line for line in _section(split_out, by_cause))
+    tables = [(t["title"], t["lines"]) for t in split["tables"]]
+    assert tables == [(t["title"], t["lines"]) for t in one["tables"]] and tables, split["tables"]
+    assert split["known_failures"]["stale"] == one["known_failures"]["stale"] != []
+    matrix = "conformance matrix: implementation x check"
+    assert _section(one_out, matrix) == _section(split_out, matrix)
+
+
+@pytest.mark.integration
+def test_a_multi_process_job_refuses_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("xdist")
+    monkeypatch.setenv(launch.PROCESS_ID, "0")
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-n", "2", "--collect-only")
+    assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "-n (pytest-xdist) in a multi-process JAX job" in done.stderr, done.stderr[-2000:]
