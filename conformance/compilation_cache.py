@@ -5,10 +5,11 @@ The plugin puts the cache in pytest's cache directory, one folder per JAX and ja
 (``.pytest_cache/d/conformance-jax-0.10.2-jaxlib-0.10.2``), never shared between versions;
 ``--compilation-cache=DIR`` puts it elsewhere, ``--compilation-cache=off`` (or a run without
 pytest's cache provider) leaves JAX's settings alone, as does a cache directory the user set
-(``JAX_COMPILATION_CACHE_DIR``). What it holds: the compiles for the host's devices, those of
-the kernels and their VJPs that the checks share; not the Pallas kernels' interpret-mode
-executables (JAX does not write executables with host callbacks), nor the compiles for TPU
-topologies (:func:`without_compilation_cache`).
+(``JAX_COMPILATION_CACHE_DIR``). What it holds: the compiles for the host's devices of the
+kernels and their VJPs, which the checks share. Not in it: the Pallas kernels' interpret-mode
+runs (they run in the worker process of :mod:`conformance.isolation`, which has no cache; with
+``--isolation=off`` the plugin leaves the cache off), and the compiles for TPU topologies
+(:func:`bypassed`).
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ def _compilation_cache_dir(config: pytest.Config, *, in_job: bool) -> str | None
     """Where this run keeps JAX's persistent compilation cache (``--compilation-cache``), or ``None``:
     off, a cache the user set, a run without pytest's cache provider, a multi-process job, and
     ``--isolation=off`` (Pallas kernels interpreted in this process: their executables hold host
-    callbacks, which a cache must not hand to another process)."""
+    callbacks, which JAX 0.6 to 0.10 does not write to a cache and JAX 0.12 does)."""
     asked = config.getoption("compilation_cache")
     if asked == "off" or in_job or config.getoption("isolation") != "process":
         return None

@@ -1,0 +1,66 @@
+"""JAX's persistent compilation cache: a repeat run reads back the first run's compiles for the
+host, never a compile for a TPU topology (the compile-only client cannot read those back), and
+``off`` leaves JAX's settings alone.
+
+The sub-runs are separate pytest processes with the suite's plugin loaded as a user gets it, on
+one small kernel (:mod:`conformance.selftest.test_plugin_options`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance import compilation_cache, tpu_compiler
+from conformance.selftest.test_plugin_options import KERNELS, _pytest
+
+pytestmark = [pytest.mark.selftest, pytest.mark.integration]
+
+#: Checks that compile the kernel for the host, and (with libtpu) for a TPU topology; JAX's warnings
+#: shown.
+CHECKS = (
+    "-k",
+    "test_collectives or test_lowered_bytes",
+    "--meshes=2-x-auto,2x4-y-auto",
+    "-W",
+    "default",
+    "-s",
+)
+UNREADABLE = "Error reading persistent compilation cache entry"
+#: The small kernel, claiming bfloat16 too: its 16-bit bytes are compiled for TPU where libtpu is.
+WITH_BFLOAT16 = KERNELS.replace('dtypes=("float32", "int32")', 'dtypes=("float32", "int32", "bfloat16")')
+
+
+def test_a_repeat_run_reads_the_host_compiles_back(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+
+    def run() -> str:
+        asked = f"--compilation-cache={cache}"
+        done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", asked, *CHECKS, kernels=WITH_BFLOAT16)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    run()
+    entries = list(cache.iterdir())
+    assert entries, "the first run wrote nothing to the cache"
+    repeat = run()
+    assert UNREADABLE not in repeat, repeat[-3000:]  # no TPU executable was written to be read back
+    if tpu_compiler.available():  # the TPU compiles ran, in both runs
+        assert "lowered_bytes          ok" in repeat, repeat[-3000:]
+    assert sorted(cache.iterdir()) == sorted(entries)  # and wrote no new entry
+    for entry in entries:  # the repeat read them: garbled, JAX says so (and compiles afresh)
+        entry.write_bytes(b"not an executable")
+    assert UNREADABLE in run()
+
+
+@pytest.mark.parametrize("option", [None, "off"])
+def test_the_default_is_a_folder_per_jax_in_pytests_cache_and_off_is_none(
+    tmp_path: Path, option: str | None
+) -> None:
+    asked = [f"--compilation-cache={option}"] if option else []
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-p", "cacheprovider", *asked, *CHECKS)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    folder = tmp_path / ".pytest_cache" / "d" / compilation_cache.folder_name()
+    assert (tmp_path / ".pytest_cache").is_dir()  # pytest's cache provider ran
+    assert folder.is_dir() == (option is None) and (option or any(folder.iterdir())), folder
