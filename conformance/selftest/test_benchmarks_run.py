@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conformance.selftest import subprocess_env
+
 pytestmark = pytest.mark.selftest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +34,7 @@ def test_a_tiny_ladder_prints_one_table_per_family_and_writes_json(tmp_path: Pat
         "--bench-rounds=2",
         f"--benchmark-json={out}",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=subprocess_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for family in ("all_gather", "allgather_matmul", "matmul_reduce_scatter", "send_recv"):
         assert f"benchmark {family} on cpu" in proc.stdout, proc.stdout[-3000:]
@@ -66,5 +68,5 @@ def test_the_default_cpu_run_times_nothing() -> None:
         "-k",
         "benchmark",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=subprocess_env())
     assert "test_benchmark[" not in proc.stdout, proc.stdout[-2000:]
