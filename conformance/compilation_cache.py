@@ -3,8 +3,10 @@ tox environments of one CI run that use the same JAX, read back what an earlier 
 
 The plugin puts the cache in pytest's cache directory, one folder per JAX and jaxlib version
 (``.pytest_cache/d/conformance-jax-0.10.2-jaxlib-0.10.2``), never shared between versions;
-``--compilation-cache=DIR`` puts it elsewhere, ``--compilation-cache=off`` (or a run without
-pytest's cache provider) leaves JAX's settings alone, as does a cache directory the user set
+``--compilation-cache=DIR`` (or ``$CONFORMANCE_COMPILATION_CACHE``, which the tox envs set to one
+directory for all of them, and which a self-test's pytest subprocess inherits) puts those folders
+in ``DIR``; ``--compilation-cache=off`` (or a run without pytest's cache provider and no ``DIR``)
+leaves JAX's settings alone, as does a cache directory the user set
 (``JAX_COMPILATION_CACHE_DIR``). What it holds: the compiles for the host's devices of the
 kernels and their VJPs, which the checks share. Not in it: the Pallas kernels' interpret-mode
 runs (they run in the worker process of :mod:`conformance.isolation`, which has no cache; with
@@ -19,6 +21,9 @@ from collections.abc import Callable, Iterator
 
 import jax
 import jaxlib
+
+#: The environment variable that gives ``--compilation-cache`` its default.
+DIR_VARIABLE = "CONFORMANCE_COMPILATION_CACHE"
 
 #: JAX's persistent compilation cache settings the suite sets: every compile is written, however
 #: fast or small (the suite's compiles take 0.05-2 s each; JAX's defaults keep those above 1 s).

@@ -29,6 +29,10 @@ Options:
     every test that needs it.
 ``--hang-timeout=SECONDS``, ``--check-timeout=SECONDS``, ``--isolation=process|off``
     the bounds on a Pallas kernel in interpret mode (see :mod:`conformance.isolation`).
+``--compilation-cache=DIR|off``
+    where JAX's persistent compilation cache lives (:mod:`conformance.compilation_cache`).
+``-n auto`` (pytest-xdist)
+    the tests over worker processes, reported as one run (:mod:`conformance.plugin_xdist`).
 
 Each family test module sets ``FAMILY = "<name>"``; tests that take
 ``implementation`` are parametrized over that family's registered
@@ -48,6 +52,7 @@ import atexit
 import datetime
 import fnmatch
 import importlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -132,11 +137,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--compilation-cache",
-        default=None,
+        default=os.environ.get(compilation_cache.DIR_VARIABLE),
         metavar="DIR|off",
         help="JAX's persistent compilation cache for the suite's compiles on this host, read back by "
-        "a repeat run: default, pytest's cache directory, one folder per JAX and jaxlib version "
-        "(a cache the user set, JAX_COMPILATION_CACHE_DIR, is left as it is); off: none",
+        "a repeat run, in a folder per JAX and jaxlib version of DIR (default: "
+        f"${compilation_cache.DIR_VARIABLE}, else pytest's cache directory; a cache the user set, "
+        "JAX_COMPILATION_CACHE_DIR, is left as it is); off: none",
     )
     group.addoption(
         "--bench-sizes",
@@ -288,7 +294,7 @@ def _compilation_cache_dir(config: pytest.Config, *, in_job: bool) -> str | None
     if asked == "off" or in_job or config.getoption("isolation") != "process":
         return None
     if asked:
-        return str(Path(asked).expanduser().resolve())
+        return str(Path(asked).expanduser().resolve() / compilation_cache.folder_name())
     if compilation_cache.set_by_user() or getattr(config, "cache", None) is None:
         return None
     return str(config.cache.mkdir(compilation_cache.folder_name()))

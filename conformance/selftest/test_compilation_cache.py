@@ -32,6 +32,14 @@ UNREADABLE = "Error reading persistent compilation cache entry"
 WITH_BFLOAT16 = KERNELS.replace('dtypes=("float32", "int32")', 'dtypes=("float32", "int32", "bfloat16")')
 
 
+@pytest.fixture(autouse=True)
+def as_in_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sub-runs see neither tox's env dir (pytest would put its cache there) nor the cache
+    directory the tox envs share."""
+    monkeypatch.delenv("TOX_ENV_DIR", raising=False)
+    monkeypatch.delenv(compilation_cache.DIR_VARIABLE, raising=False)
+
+
 def test_a_repeat_run_reads_the_host_compiles_back(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
 
@@ -42,25 +50,32 @@ def test_a_repeat_run_reads_the_host_compiles_back(tmp_path: Path) -> None:
         return done.stdout + done.stderr
 
     run()
-    entries = list(cache.iterdir())
+    folder = cache / compilation_cache.folder_name()  # one folder per JAX version
+    entries = list(folder.iterdir())
     assert entries, "the first run wrote nothing to the cache"
     repeat = run()
     assert UNREADABLE not in repeat, repeat[-3000:]  # no TPU executable was written to be read back
     if tpu_compiler.available():  # the TPU compiles ran, in both runs
         assert "lowered_bytes          ok" in repeat, repeat[-3000:]
-    assert sorted(cache.iterdir()) == sorted(entries)  # and wrote no new entry
+    assert sorted(folder.iterdir()) == sorted(entries)  # and wrote no new entry
     for entry in entries:  # the repeat read them: garbled, JAX says so (and compiles afresh)
         entry.write_bytes(b"not an executable")
     assert UNREADABLE in run()
 
 
-@pytest.mark.parametrize("option", [None, "off"])
-def test_the_default_is_a_folder_per_jax_in_pytests_cache_and_off_is_none(
-    tmp_path: Path, option: str | None
+@pytest.mark.parametrize("where", ["default", "off", "variable"])
+def test_the_cache_goes_to_pytests_cache_or_the_variables_directory_or_nowhere(
+    tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asked = [f"--compilation-cache={option}"] if option else []
+    asked = ["--compilation-cache=off"] if where == "off" else []
+    shared = tmp_path / "shared"
+    if where == "variable":
+        monkeypatch.setenv(compilation_cache.DIR_VARIABLE, str(shared))
     done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-p", "cacheprovider", *asked, *CHECKS)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    folder = tmp_path / ".pytest_cache" / "d" / compilation_cache.folder_name()
     assert (tmp_path / ".pytest_cache").is_dir()  # pytest's cache provider ran
-    assert folder.is_dir() == (option is None) and (option or any(folder.iterdir())), folder
+    in_pytests = tmp_path / ".pytest_cache" / "d" / compilation_cache.folder_name()
+    in_shared = shared / compilation_cache.folder_name()
+    assert in_pytests.is_dir() == (where == "default") and in_shared.is_dir() == (where == "variable")
+    for folder in (in_pytests, in_shared):
+        assert not folder.is_dir() or any(folder.iterdir()), folder
