@@ -21,6 +21,7 @@ plugin refuses ``-n`` there.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -47,6 +48,14 @@ def is_controller(config: pytest.Config) -> bool:
         and bool(getattr(config.option, "numprocesses", None))
         and (getattr(config.option, "dist", "no") != "no")
     )
+
+
+def let_workers_share_libtpu() -> None:
+    """Let every worker load libtpu (the TPU compile tier's compiler): libtpu takes a lockfile per
+    host, and the second worker to load it would skip the tier ("Internal error when accessing
+    libtpu multi-process lockfile"). Set, unless the user set it, before the workers start. Only the
+    compiler is shared: on a TPU VM, whose chips one process holds, run ``-m tpu`` without ``-n``."""
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def group_of(nodeid: str) -> str:

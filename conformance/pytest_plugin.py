@@ -262,6 +262,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STARTED] = (datetime.datetime.now().astimezone(), time.monotonic())
     config.pluginmanager.register(_DevicesAfterCollection(), "conformance-devices")
     from_workers = plugin_xdist.is_controller(config)
+    if from_workers:
+        plugin_xdist.let_workers_share_libtpu()
     config.pluginmanager.register(
         plugin_report.OutcomeRecorder(session.log, from_workers=from_workers), "conformance-outcomes"
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import launch, plugin_xdist
+from conformance import launch, plugin_xdist, tpu_compiler
 from conformance.selftest.test_plugin_options import KERNELS, _pytest
 
 pytestmark = [pytest.mark.selftest]
@@ -114,3 +114,16 @@ def test_a_multi_process_job_refuses_workers(tmp_path: Path, monkeypatch: pytest
     done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-n", "2", "--collect-only")
     assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
     assert "-n (pytest-xdist) in a multi-process JAX job" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.integration
+def test_every_worker_loads_the_tpu_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libtpu's lockfile would leave the TPU compile tier to the first worker that loaded it."""
+    pytest.importorskip("xdist")
+    if not tpu_compiler.available():
+        pytest.skip("no libtpu here (the tpu extra) to load twice")
+    monkeypatch.delenv("ALLOW_MULTIPLE_LIBTPU_LOAD", raising=False)
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=xla_all_gather", "-k", "test_tpu_pod", "-n", "2", "-rs")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("2 passed") and "skipped" not in last, done.stdout[-3000:]
