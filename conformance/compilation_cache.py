@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import jax
 import jaxlib
@@ -42,6 +44,21 @@ def set_by_user() -> bool:
 def folder_name() -> str:
     """The cache's folder for this JAX: ``conformance-jax-0.10.2-jaxlib-0.10.2``."""
     return f"conformance-jax-{jax.__version__}-jaxlib-{jaxlib.__version__}"
+
+
+def directory(asked: str | None, *, in_job: bool, isolated: bool, pytest_cache: Any) -> str | None:
+    """Where a pytest run keeps the cache (``asked``: ``--compilation-cache``), or ``None``: off, a
+    cache the user set, a run without pytest's cache provider (``pytest_cache``, its ``Cache``) and
+    no directory asked for, a multi-process job, and Pallas kernels interpreted in the pytest process
+    (not ``isolated``: their executables hold host callbacks, which JAX 0.6 to 0.10 does not write to
+    a cache and JAX 0.12 does)."""
+    if asked == "off" or in_job or not isolated:
+        return None
+    if asked:
+        return str(Path(asked).expanduser().resolve() / folder_name())
+    if set_by_user() or pytest_cache is None:
+        return None
+    return str(pytest_cache.mkdir(folder_name()))
 
 
 def use(path: str) -> Callable[[], None]:

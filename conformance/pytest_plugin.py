@@ -248,7 +248,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # Active for the whole pytest session (what runs outside a check, e.g. a benchmark's kernel
     # under the watchdog, reads its bounds); undone at unconfigure.
     undo_session = session.activate()
-    cache_dir = _compilation_cache_dir(config, in_job=bool(in_job))
+    cache_dir = compilation_cache.directory(
+        config.getoption("compilation_cache"),
+        in_job=bool(in_job),
+        isolated=config.getoption("isolation") == "process",
+        pytest_cache=getattr(config, "cache", None),
+    )
     undo_cache = compilation_cache.use(cache_dir) if cache_dir else lambda: None
 
     def undo() -> None:
@@ -285,21 +290,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
         names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))
         raise pytest.UsageError(f"--impl={pattern} matches no implementation; registered: {names}")
-
-
-def _compilation_cache_dir(config: pytest.Config, *, in_job: bool) -> str | None:
-    """Where this run keeps JAX's persistent compilation cache (``--compilation-cache``), or ``None``:
-    off, a cache the user set, a run without pytest's cache provider, a multi-process job, and
-    ``--isolation=off`` (Pallas kernels interpreted in this process: their executables hold host
-    callbacks, which JAX 0.6 to 0.10 does not write to a cache and JAX 0.12 does)."""
-    asked = config.getoption("compilation_cache")
-    if asked == "off" or in_job or config.getoption("isolation") != "process":
-        return None
-    if asked:
-        return str(Path(asked).expanduser().resolve() / compilation_cache.folder_name())
-    if compilation_cache.set_by_user() or getattr(config, "cache", None) is None:
-        return None
-    return str(config.cache.mkdir(compilation_cache.folder_name()))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
