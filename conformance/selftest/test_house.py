@@ -26,6 +26,7 @@ from conformance import session as session_lib
 from conformance.fixtures.meshes import parse_mesh
 from conformance.run import run_check
 from conformance.runner import Case
+from conformance.selftest import subprocess_env
 
 pytestmark = pytest.mark.selftest
 
@@ -281,7 +282,7 @@ def test_a_new_check_is_one_module(tmp_path) -> None:
     shutil.copytree(fixtures.__path__[0], copy / "fixtures", ignore=ignore, dirs_exist_ok=True)
     (copy / "checks" / "finite.py").write_text(NEW_CHECK)
     (tmp_path / "site" / "nan_kernels.py").write_text(NAN_KERNEL)
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = subprocess_env()
     env["PYTHONPATH"] = str(tmp_path / "site")
     argv = [
         sys.executable,

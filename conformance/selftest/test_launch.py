@@ -3,7 +3,6 @@ each fault ends it in bounded time, naming the rank and test, and leaves no proc
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from conformance.selftest import subprocess_env
 
 pytestmark = pytest.mark.selftest
 
@@ -38,7 +39,7 @@ def _launch(
     tmp_path: Path, script: str, *args: str, timeout: float = 120
 ) -> tuple[subprocess.CompletedProcess, float]:
     (tmp_path / "job.py").write_text(textwrap.dedent(script))
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = subprocess_env()
     start = time.monotonic()
     done = subprocess.run(
         [
@@ -117,7 +118,7 @@ def test_a_stopped_launcher_leaves_no_rank_behind(tmp_path: Path, how: str) -> N
     import signal
 
     (tmp_path / "job.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = subprocess_env()
     launcher = subprocess.Popen(
         [
             sys.executable,

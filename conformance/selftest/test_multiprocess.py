@@ -4,7 +4,6 @@ checks pass across process boundaries, and each multi-process fault of
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from conformance.selftest import subprocess_env
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
@@ -21,7 +22,7 @@ KERNELS = "conformance.selftest.broken_multiprocess_kernels"
 def _launch(
     tmp_path: Path, *pytest_args: str, timeout: float = 120
 ) -> tuple[subprocess.CompletedProcess, float]:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = subprocess_env()
     logs = str(tmp_path / "logs")
     command = [
         sys.executable,

@@ -19,6 +19,7 @@ import pytest
 
 from conformance import claims, registry
 from conformance.fixtures.meshes import MESH_CONFIGS, parse_mesh
+from conformance.selftest import subprocess_env
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
@@ -41,7 +42,7 @@ def opt_gather(x, *, mesh, axis_name):
 
 def _pytest(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.CompletedProcess:
     (tmp_path / "opt_kernels.py").write_text(textwrap.dedent(kernels))
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = subprocess_env()
     env["PYTHONPATH"] = str(tmp_path)
     return subprocess.run(
         [
@@ -259,7 +260,7 @@ if __name__ == "__main__":
 
 def test_absltest_entry_passes_a_correct_kernel_and_fails_a_broken_one(tmp_path: Path) -> None:
     (tmp_path / "ring_test.py").write_text(ABSLTEST)
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = subprocess_env()
     done = subprocess.run(
         [sys.executable, "ring_test.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
     )
