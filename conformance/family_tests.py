@@ -4,9 +4,9 @@ A family's test module imports these and sets ``FAMILY``; the plugin then parame
 ``implementation``, ``platform``, ``mesh_config``, ``shape``, ``dtype`` and ``dma_mode`` as each
 test's :class:`~conformance.checks.base.Axes` say. Each check declares its axes where it is
 defined (:mod:`conformance.checks`); the test ``test_<check>`` is made here from them, a thin call
-into :func:`conformance.run.run_check`. Two tests are written out, each one verdict gathered over
-several cases compiled for TPU: the TPU layout audit (the tile-edge shapes) and the TPU schedule (the
-family's ladder of sizes).
+into :func:`conformance.run.run_check`. The compile tiers' tests are written out, each one verdict
+gathered over several cases compiled for TPU (layout at the tile-edge shapes; schedule, memory and
+pod scale over the family's sizes) or for GPUs (schedule, memory and bytes).
 
 Value checks draw whole cases with hypothesis (dims, dtype, seed, DMA mode) on every mesh; the
 fixed-shape checks run each implementation once per mesh at each of the family's two fixed shapes
@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance import checks, claims, compat, registry, runner, specs, strategies
-from conformance.checks import tpu_memory, tpu_pod, tpu_schedule
+from conformance.checks import gpu_compile, tpu_memory, tpu_pod, tpu_schedule
 from conformance.checks.base import Axes, Check
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
 from conformance.outcomes import run_here
@@ -236,15 +236,63 @@ def test_tpu_pod(
     run_gathered(checks.CHECKS["tpu_pod"], cases, conformance_session, what="pod slices")
 
 
+@pytest.mark.gpu
+@pytest.mark.gpu_compile
+@pytest.mark.conformance_axes(Axes(platforms=False, meshes=gpu_compile.GPU_MESHES, families_with="overlap"))
+def test_gpu_schedule(
+    family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
+) -> None:
+    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): every
+    transfer but one per ring direction has a matmul scheduled inside it."""
+    sizes = specs.get(family).schedule_ladder
+    cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
+    run_gathered(checks.CHECKS["gpu_schedule"], cases, conformance_session, what="sizes")
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_compile
+@pytest.mark.conformance_axes(
+    Axes(platforms=False, meshes=gpu_compile.GPU_MESHES, families_with="tpu_native_dims")
+)
+def test_gpu_memory(
+    family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
+) -> None:
+    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): peak
+    memory per GPU within a stated ratio of the baseline's."""
+    sizes = tpu_memory.memory_dims(family)
+    cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
+    run_gathered(checks.CHECKS["gpu_memory"], cases, conformance_session, what="sizes")
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_compile
+@pytest.mark.conformance_axes(
+    Axes(platforms=False, meshes=gpu_compile.GPU_MESHES, families_with="tpu_native_dims")
+)
+def test_gpu_bytes(
+    family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
+) -> None:
+    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): the
+    forward and backward passes use only the family's collectives, within its byte bound."""
+    sizes = tpu_memory.memory_dims(family)
+    cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
+    run_gathered(checks.CHECKS["gpu_bytes"], cases, conformance_session, what="sizes")
+
+
 def claimed_tpu_cases(
-    family: str, implementation: str, mesh: MeshConfig, sizes: Sequence[Mapping[str, int]]
+    family: str,
+    implementation: str,
+    mesh: MeshConfig,
+    sizes: Sequence[Mapping[str, int]],
+    *,
+    platform: str = "tpu",
 ) -> list[Case]:
-    """The bfloat16 cases at ``sizes`` that ``implementation`` claims for TPU; not claimed (a skip
-    naming why) if it claims none."""
+    """The bfloat16 cases at ``sizes`` that ``implementation`` claims for ``platform`` (TPU, or GPU
+    for the GPU compile tier); not claimed (a skip naming why) if it claims none."""
     cases, not_claimed = [], []
     for dims in sizes:
         why = claims.reason(
-            family, implementation, platform="tpu", mesh=mesh, dims=dict(dims), dtype="bfloat16"
+            family, implementation, platform=platform, mesh=mesh, dims=dict(dims), dtype="bfloat16"
         )
         if why is None:
             cases.append(Case.make(family, implementation, mesh, dict(dims), "bfloat16"))

@@ -63,6 +63,7 @@ from conformance import (
     compat,
     compilation_cache,
     distributed,
+    gpu_compiler,
     known_failures,
     plugin_jobs,
     plugin_report,
@@ -93,6 +94,8 @@ MARKERS = (
     "tpu: needs TPU chips (skips with a reason elsewhere), unless marked tpu_compile",
     "tpu_compile: compiles for TPU topologies with the real TPU compiler (libtpu) and needs no chip: runs "
     "under -m cpu and -m tpu alike (without libtpu it skips, naming the install command)",
+    "gpu_compile: compiles for GPU topologies with the real GPU compiler (XLA:GPU, JAX's CUDA plugin) and "
+    "needs no GPU: runs under -m gpu_compile and -m gpu (without the plugin it skips, naming the install)",
     "multiprocess: launches several JAX processes on 127.0.0.1",
     "slow: long-running; excluded from the default cpu run",
     "benchmark: timing runs (pytest-benchmark); excluded unless -m names benchmark",
@@ -230,6 +233,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "-n (pytest-xdist) in a multi-process JAX job: each rank is one process of the job; "
             "run the job without -n"
         )
+    gpu_compiler.configure_from_environment()  # a mocked GPU topology, before any backend starts
     if in_job:
         # Registered before JAX's own shutdown handler, so it runs after it (atexit runs in reverse).
         atexit.register(plugin_jobs.exit_past_abandoned_calls, config)
@@ -490,9 +494,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     distributed.begin_test(item.nodeid)
     if item.get_closest_marker("pallas_interpret") and distributed.is_multi_process():
         pytest.skip(distributed.PALLAS_INTERPRET)
-    compile_only = item.get_closest_marker("tpu_compile") is not None  # libtpu, no chip
+    compile_only = {p for p in ("gpu", "tpu") if item.get_closest_marker(f"{p}_compile")}  # no device
     for platform in devices_lib.PLATFORMS:
-        if platform == "tpu" and compile_only:
+        if platform in compile_only:
             continue
         if item.get_closest_marker(platform) and not devices_lib.has_platform(platform):
             pytest.skip(f"needs a {platform} backend; this host has {devices_lib.describe_host()}")

@@ -25,6 +25,11 @@ import numpy as np
 from conformance import compilation_cache
 from conformance.fixtures.meshes import MeshConfig, mesh_over, mesh_over_axis_types
 
+#: How the suite's messages name this compiler's target.
+NAME = "TPU"
+#: What one device of the target is called.
+DEVICE = "chip"
+
 #: The topology a mesh of each standard size compiles for: the v5e slice of that many chips. (A v5e
 #: program spans its whole slice: libtpu 0.0.42 refuses 65 chips of a 256-chip one, "device_count ==
 #: target.Topology()->LogicalDeviceCount"; and the smallest slice is 2x2.)
@@ -38,7 +43,8 @@ V5E_BY_CHIPS = {
 
 
 class CompilerRefusal(Exception):
-    """The TPU compiler refused the program; the message is the compiler's, quoted."""
+    """The compiler (libtpu's here, XLA:GPU's in :mod:`conformance.gpu_compiler`) refused the program;
+    the message is the compiler's, quoted."""
 
 
 def libtpu_version() -> str | None:

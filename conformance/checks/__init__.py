@@ -9,6 +9,7 @@ module                 checks
 ``tpu_schedule``       tpu_schedule (overlap in the run order the real TPU compiler schedules)
 ``tpu_memory``         tpu_memory (peak memory the real TPU compiler reserves, beside the baseline's)
 ``tpu_pod``            tpu_pod (compiles for 64 and 256 chips, or refuses naming the limit)
+``gpu_compile``        gpu_schedule, gpu_memory, gpu_bytes (what XLA:GPU compiles for 8 and 16 H100s)
 ``autodiff``           gradients, backward_collectives
 ``accuracy``           accuracy, backward_accuracy
 ``pallas``             tpu_layout, races, barrier_protocol
@@ -37,6 +38,7 @@ from conformance.checks import (
     autodiff,
     bad_inputs,
     collectives,
+    gpu_compile,
     overlap,
     pallas,
     tpu_memory,
@@ -93,6 +95,7 @@ def _modules() -> tuple[types.ModuleType, ...]:
         tpu_schedule,
         tpu_memory,
         tpu_pod,
+        gpu_compile,
         autodiff,
         accuracy,
         pallas,

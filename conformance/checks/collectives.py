@@ -149,7 +149,10 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
     impl, itemsize, n = case.implementation, runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
     for target in impl.lowering_targets:
         if target == "tpu" and not impl.pallas and tpu_compiler.available():
-            _compiled_for_tpu(case, [p[0] for p in passes], records)
+            topology = tpu_compiler.topology_for(case.mesh.num_devices)
+            compiled_module_bytes(
+                case, [p[0] for p in passes], records, topology=topology, check="lowered_bytes"
+            )
             continue
         for name, lower, bound_of, bound_text in passes:
             lowered = lower_or_note_limit(
@@ -174,30 +177,33 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
                 )
 
 
-def _compiled_for_tpu(case: Case, pass_names: list[str], records: list[ByteRecord]) -> None:
-    """The forward (and backward) pass compiled by the real TPU compiler for the TPU topology of the
-    case's mesh: its collectives the family allows, its bytes within the bound, read from the
-    module XLA:TPU really runs (loops counted per trip, what a compiler removed gone)."""
+def compiled_module_bytes(
+    case: Case, pass_names: Sequence[str], records: list[ByteRecord], *, topology: str, check: str
+) -> None:
+    """The forward (and backward) pass compiled by the real compiler of ``topology`` (libtpu's for a
+    TPU slice, XLA:GPU's for GPUs: :func:`~conformance.checks.tpu_schedule.compiler_of`): its
+    collectives the family allows, its bytes within the bound, read from the module the target
+    really runs (loops counted per trip, what a compiler removed gone)."""
     spec, impl = case.spec, case.implementation
     itemsize, n = runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
-    topology = tpu_compiler.topology_for(case.mesh.num_devices)
+    compiler = tpu_schedule.compiler_of(topology)
     for name in pass_names:
         backward = name == "backward"
         compile_it = (
             tpu_schedule.compiled_pullback_on_topology if backward else tpu_schedule.compiled_on_topology
         )
 
-        def text(compile_it=compile_it, name=name) -> str:
+        def compiled(compile_it=compile_it, name=name) -> Any:
             try:
-                return compile_it(case, topology).as_text()
-            except tpu_compiler.CompilerRefusal as refusal:
-                what = f"the TPU compiler refuses its {name} pass ({topology})"
-                raise fail(case, "lowered_bytes", what, [f"compiler       : {refusal}"]) from refusal
+                return compile_it(case, topology)
+            except compiler.CompilerRefusal as refusal:
+                what = f"the {compiler.NAME} compiler refuses its {name} pass ({topology})"
+                raise fail(case, check, what, [f"compiler       : {refusal}"]) from refusal
 
-        summary = hlo.parse_hlo(call_kernel(case, "lowered_bytes", text))
+        summary = hlo.parse_hlo(tpu_schedule.module_text(call_kernel(case, check, compiled), topology))
         bound_of = spec.backward_max_received_bytes if backward else spec.max_received_bytes
         bound = bound_of(case.dims_map, n, itemsize)
-        where = f"{case.mesh.label} tpu {name} compiled ({topology})"
+        where = f"{case.mesh.label} {compiler.NAME.lower()} {name} compiled ({topology})"
         records.append(ByteRecord.of(case, summary, bound, where=where))
         if impl.baseline:
             continue
@@ -207,8 +213,9 @@ def _compiled_for_tpu(case: Case, pass_names: list[str], records: list[ByteRecor
         if bad:
             raise fail(
                 case,
-                "lowered_bytes",
-                f"the {name} pass compiled for TPU ({topology}) uses collectives the family forbids",
+                check,
+                f"the {name} pass compiled for {compiler.NAME} ({topology}) uses collectives the family "
+                "forbids",
                 [
                     f"allowed        : {', '.join(sorted(allowed))}",
                     "collectives in the compiled module:",
@@ -217,14 +224,14 @@ def _compiled_for_tpu(case: Case, pass_names: list[str], records: list[ByteRecor
             )
         check_byte_bound(
             case,
-            "lowered_bytes",
-            f"the {name} pass compiled for TPU ({topology}) moves more {case.dtype} bytes than its math "
-            "needs",
+            check,
+            f"the {name} pass compiled for {compiler.NAME} ({topology}) moves more {case.dtype} bytes than "
+            "its math needs",
             summary.received_bytes_per_device(),
             bound,
             spec.backward_byte_bound_text if backward else spec.byte_bound_text,
             ops,
-            module=f"module the TPU compiler compiled for {topology}",
+            module=f"module the {compiler.NAME} compiler compiled for {topology}",
         )
 
 

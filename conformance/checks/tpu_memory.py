@@ -22,6 +22,7 @@ generated code) and does not judge.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from conformance import compat, registry, specs, tpu_compiler
@@ -83,30 +84,44 @@ def check_tpu_memory(case: Case) -> list[TpuMemoryRecord]:
     kernel's peak HBM bytes per chip are at most :data:`PEAK_RATIO` times the family baseline's at the
     same shapes. The baseline is recorded, not judged; a host without libtpu skips, naming the install
     command."""
-    reason = tpu_compiler.unavailable_reason()
+    return check_memory(case, tpu_compiler, SCHEDULE_TOPOLOGIES, check="tpu_memory", record=TpuMemoryRecord)
+
+
+def check_memory(
+    case: Case, compiler: Any, topologies: Mapping[int, tuple[str, ...]], *, check: str, record: type
+) -> list[Any]:
+    """The memory verdict of ``compiler`` (:mod:`~conformance.tpu_compiler` or
+    :mod:`~conformance.gpu_compiler`) for each topology of the case's ring length, one ``record``
+    each."""
+    reason = compiler.unavailable_reason()
     if reason is not None:
-        raise compat.HostLimit(f"TPU memory is read from the real TPU compiler: {reason}")
-    topologies = SCHEDULE_TOPOLOGIES.get(case.mesh.num_devices)
-    if topologies is None or len(case.mesh.shape) != 1:
-        raise NotJudged(f"TPU memory is compiled for 1-D rings of {sorted(SCHEDULE_TOPOLOGIES)} chips")
+        raise compat.HostLimit(
+            f"{compiler.NAME} memory is read from the real {compiler.NAME} compiler: {reason}"
+        )
+    ring_topologies = topologies.get(case.mesh.num_devices)
+    if not ring_topologies or len(case.mesh.shape) != 1:
+        rings = f"1-D rings of {sorted(topologies)} {compiler.DEVICE}s"
+        raise NotJudged(f"{compiler.NAME} memory is compiled for {rings}")
     baseline = _baseline(case.family)
     base_case = Case.make(case.family, baseline, case.mesh, dict(case.dims), case.dtype)
-    records: list[TpuMemoryRecord] = []
+    records: list[Any] = []
     with keeping(records):
-        for topology in topologies:
-            _judge(case, base_case, topology, records)
+        for topology in ring_topologies:
+            _judge(case, base_case, topology, records, compiler=compiler, check=check, record=record)
     return records
 
 
-def _judge(case: Case, base_case: Case, topology: str, records: list[TpuMemoryRecord]) -> None:
-    stats = compiled_or_fail(case, topology, "tpu_memory").memory_analysis()
+def _judge(
+    case: Case, base_case: Case, topology: str, records: list[Any], *, compiler: Any, check: str, record: type
+) -> None:
+    stats = compiled_or_fail(case, topology, check).memory_analysis()
     try:
         base = compiled_on_topology(base_case, topology).memory_analysis()
-    except tpu_compiler.CompilerRefusal as refusal:
+    except compiler.CompilerRefusal as refusal:
         raise NotJudged(
             f"the baseline {base_case.impl} does not compile for {topology}: {refusal}"
         ) from refusal
-    record = TpuMemoryRecord(
+    made = record(
         case.family,
         case.impl,
         topology,
@@ -120,30 +135,30 @@ def _judge(case: Case, base_case: Case, topology: str, records: list[TpuMemoryRe
         getattr(base, "peak_memory_in_bytes", None),
         base.generated_code_size_in_bytes,
         case.implementation.baseline,
-        tpu_compiler.judge(topology),
+        compiler.judge(topology),
     )
-    records.append(record)
-    if record.baseline:
+    records.append(made)
+    if made.baseline:
         return
-    if record.peak is None:
+    if made.peak is None:
         raise NotJudged(
             "this jaxlib reports no peak memory for a compiled program (jaxlib 0.6.2's "
             "CompiledMemoryStats has no peak_memory_in_bytes); arguments, outputs and code are "
             "recorded, not judged"
         )
-    ratio = record.ratio
+    ratio = made.ratio
     if ratio is not None and ratio > PEAK_RATIO:
         raise fail(
             case,
-            "tpu_memory",
+            check,
             f"its peak memory is {ratio:.1f}x the baseline's ({topology})",
             [
-                f"peak           : {_mib(record.peak)} per chip ({case.impl}) vs "
-                f"{_mib(record.baseline_peak)} ({record.baseline_impl}, the baseline, same shapes)",
+                f"peak           : {_mib(made.peak)} per {compiler.DEVICE} ({case.impl}) vs "
+                f"{_mib(made.baseline_peak)} ({made.baseline_impl}, the baseline, same shapes)",
                 f"threshold      : at most {PEAK_RATIO}x the baseline's peak",
-                f"temporaries    : {_mib(record.temp)}; arguments {_mib(record.argument)}, output "
-                f"{_mib(record.output)}",
-                f"judge          : {record.judge}, Compiled.memory_analysis()",
+                f"temporaries    : {_mib(made.temp)}; arguments {_mib(made.argument)}, output "
+                f"{_mib(made.output)}",
+                f"judge          : {made.judge}, Compiled.memory_analysis()",
             ],
         )
 
@@ -151,11 +166,16 @@ def _judge(case: Case, base_case: Case, topology: str, records: list[TpuMemoryRe
 def tpu_memory_table(records: list[Any]) -> list[tuple[str, list[str]]]:
     """Per implementation and topology: peak bytes per chip and its ratio to the baseline, per size;
     generated code beside the baseline's."""
+    return memory_table(records, "TPU", device="chip")
+
+
+def memory_table(records: list[Any], name: str, *, device: str) -> list[tuple[str, list[str]]]:
+    """:func:`tpu_memory_table` for the ``name`` (``"TPU"``, ``"GPU"``) compiler's records."""
     if not records:
         return []
     title = (
-        f"TPU memory: peak HBM per chip (x the baseline's; fails above {PEAK_RATIO}x) and generated "
-        "code, per size, compiled by the real TPU compiler"
+        f"{name} memory: peak HBM per {device} (x the baseline's; fails above {PEAK_RATIO}x) and generated "
+        f"code, per size, compiled by the real {name} compiler"
     )
 
     def cells(recs: list[Any]) -> str:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from conformance import compat, compilation_cache, hlo, runner, tpu_compiler
+from conformance import compat, hlo, runner, tpu_compiler
 from conformance.checks.base import Check, NotJudged, call_kernel, fail, keeping
 from conformance.checks.overlap import PALLAS_OVERLAP
 from conformance.runner import Case
@@ -65,48 +65,81 @@ def check_tpu_schedule(case: Case) -> list[TpuScheduleRecord]:
     transfer but one per ring direction (and at least one) has a matmul inside its span in the
     scheduled module. The baseline is recorded, not judged. A host without libtpu skips, naming the
     install command."""
+    return check_schedule(
+        case, tpu_compiler, SCHEDULE_TOPOLOGIES, check="tpu_schedule", record=TpuScheduleRecord
+    )
+
+
+def check_schedule(
+    case: Case, compiler: Any, topologies: Mapping[int, tuple[str, ...]], *, check: str, record: type
+) -> list[Any]:
+    """The scheduled-overlap verdict of ``compiler`` (:mod:`~conformance.tpu_compiler` or
+    :mod:`~conformance.gpu_compiler`) for each topology of the case's ring length, one ``record``
+    each."""
     spec, impl = case.spec, case.implementation
     if impl.pallas:
         raise NotJudged(PALLAS_OVERLAP)
     if not spec.overlap:
         raise NotJudged(f"family {case.family} has no compute to hide its transfers behind")
-    reason = tpu_compiler.unavailable_reason()
+    reason = compiler.unavailable_reason()
     if reason is not None:
-        raise compat.HostLimit(f"the TPU schedule is read from the real TPU compiler: {reason}")
-    topologies = SCHEDULE_TOPOLOGIES.get(case.mesh.num_devices)
-    if topologies is None or len(case.mesh.shape) != 1:
-        raise NotJudged(f"the TPU schedule is compiled for 1-D rings of {sorted(SCHEDULE_TOPOLOGIES)} chips")
-    records: list[TpuScheduleRecord] = []
+        raise compat.HostLimit(
+            f"the {compiler.NAME} schedule is read from the real {compiler.NAME} compiler: {reason}"
+        )
+    ring_topologies = topologies.get(case.mesh.num_devices)
+    if not ring_topologies or len(case.mesh.shape) != 1:
+        rings = f"1-D rings of {sorted(topologies)} {compiler.DEVICE}s"
+        raise NotJudged(f"the {compiler.NAME} schedule is compiled for {rings}")
+    records: list[Any] = []
     with keeping(records):
-        for topology in topologies:
-            _judge(case, topology, records)
+        for topology in ring_topologies:
+            _judge(case, topology, records, compiler=compiler, check=check, record=record)
     return records
+
+
+def compiler_of(topology: str) -> Any:
+    """The compiler module that compiles for ``topology``: ``h100:1x1x8`` is XLA:GPU's, ``v5e:2x4``
+    libtpu's."""
+    from conformance import gpu_compiler
+
+    return gpu_compiler if topology.split(":", 1)[0] in gpu_compiler.TARGETS else tpu_compiler
 
 
 @functools.lru_cache(maxsize=64)
 def compiled_on_topology(case: Case, topology: str) -> Any:
-    """``case``'s kernel compiled by the real TPU compiler for ``topology`` (its forward pass, on a
-    mesh of the case's shape over the topology's chips): one compile shared by every check of the TPU
-    tier. :class:`~conformance.tpu_compiler.CompilerRefusal` where the compiler refuses it."""
-    mesh = tpu_compiler.mesh_on(case.mesh, topology)
+    """``case``'s kernel compiled by the real compiler of ``topology`` (its forward pass, on a mesh of
+    the case's shape over the topology's devices; :func:`compiler_of`): one compile shared by every
+    check of the TPU (or GPU) tier. :class:`~conformance.tpu_compiler.CompilerRefusal` where the
+    compiler refuses it."""
+    compiler = compiler_of(topology)
+    mesh = compiler.mesh_on(case.mesh, topology)
     fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
-    return tpu_compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh))
+    return compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh))
 
 
 @functools.lru_cache(maxsize=32)
 def compiled_pullback_on_topology(case: Case, topology: str) -> Any:
     """``case``'s VJP (:func:`conformance.runner.pullback_of`: the backward pass as a training step
-    runs it) compiled by the real TPU compiler for ``topology``."""
-    mesh = tpu_compiler.mesh_on(case.mesh, topology)
+    runs it) compiled by the real compiler of ``topology``."""
+    compiler = compiler_of(topology)
+    mesh = compiler.mesh_on(case.mesh, topology)
     fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
     out = runner.expected_out_sharding(case, mesh=mesh)
     cotangent = jax.ShapeDtypeStruct(case.out_shape, jnp.dtype(case.dtype), sharding=out)
     args = (*runner.abstract_args(case, mesh=mesh), cotangent)
-    try:
-        with compilation_cache.bypassed():  # a TPU topology's executable cannot be read back
-            return runner.pullback_of(fn).lower(*args).compile()
-    except Exception as e:
-        raise tpu_compiler.CompilerRefusal(f"{type(e).__name__}: {tpu_compiler.first_lines(str(e))}") from e
+    return compiler.compile_on(runner.pullback_of(fn), args)
+
+
+def module_text(compiled: Any, topology: str) -> str:
+    """The compiled module's text; a host limit where this jaxlib gives none (jaxlib 0.6.2's
+    deviceless GPU executable: "GetHloModules is not supported")."""
+    text = compiled.as_text()
+    if text is None:
+        raise compat.HostLimit(
+            f"jaxlib {jax.__version__}'s {compiler_of(topology).NAME} executable compiled for {topology} "
+            "gives no module text to read"
+        )
+    return text
 
 
 def compiled_or_fail(case: Case, topology: str, check: str) -> Any:
@@ -117,19 +150,22 @@ def compiled_or_fail(case: Case, topology: str, check: str) -> Any:
             return compiled_on_topology(case, topology)
         except tpu_compiler.CompilerRefusal as refusal:
             raise fail(
-                case, check, f"the TPU compiler refuses it ({topology})", [f"compiler       : {refusal}"]
+                case,
+                check,
+                f"the {compiler_of(topology).NAME} compiler refuses it ({topology})",
+                [f"compiler       : {refusal}"],
             ) from refusal
 
     return call_kernel(case, check, compile_it)
 
 
-def _judge(case: Case, topology: str, records: list[TpuScheduleRecord]) -> None:
+def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, check: str, record: type) -> None:
     impl = case.implementation
-    judge = tpu_compiler.judge(topology)
-    module = hlo.parse_module(compiled_or_fail(case, topology, "tpu_schedule").as_text())
+    judge = compiler.judge(topology)
+    module = hlo.parse_module(module_text(compiled_or_fail(case, topology, check), topology))
     scheduled = hlo.schedule(module)
     records.append(
-        TpuScheduleRecord(
+        record(
             case.family,
             case.impl,
             topology,
@@ -153,8 +189,8 @@ def _judge(case: Case, topology: str, records: list[TpuScheduleRecord]) -> None:
     shown = [t for t in scheduled.transfers if not t.hidden][:6]
     raise fail(
         case,
-        "tpu_schedule",
-        f"in the real TPU schedule its transfers do not run beside matmuls ({topology})",
+        check,
+        f"in the real {compiler.NAME} schedule its transfers do not run beside matmuls ({topology})",
         [
             f"hidden         : {scheduled.fraction} transfers have a matmul scheduled inside them",
             f"threshold      : every transfer but one per ring direction ({scheduled.rings} here), and at "
@@ -187,17 +223,23 @@ def topology_rows(records: list[Any], cells: Callable[[list[Any]], str], *, base
 
 
 def judges_line(records: list[Any]) -> str:
-    """``judge: libtpu 0.0.42.1``: the libtpu versions that gave the records' verdicts."""
+    """``judge: libtpu 0.0.42.1``: the compilers (libtpu, XLA:GPU's plugin) that gave the records'
+    verdicts."""
     return f"judge: {', '.join(sorted({r.judge.split(' (')[0] for r in records}))}"
 
 
 def tpu_schedule_table(records: list[Any]) -> list[tuple[str, list[str]]]:
     """Per implementation and topology: transfers hidden / all in the real TPU schedule, per size."""
+    return schedule_table(records, "TPU")
+
+
+def schedule_table(records: list[Any], name: str) -> list[tuple[str, list[str]]]:
+    """:func:`tpu_schedule_table` for the ``name`` (``"TPU"``, ``"GPU"``) compiler's records."""
     if not records:
         return []
     title = (
-        "TPU schedule: transfers with a matmul inside them / all transfers, per size (bytes per hop), "
-        "in the module the real TPU compiler scheduled"
+        f"{name} schedule: transfers with a matmul inside them / all transfers, per size (bytes per hop), "
+        f"in the module the real {name} compiler scheduled"
     )
 
     def cells(recs: list[Any]) -> str:

@@ -1,0 +1,264 @@
+"""The real GPU compiler for a GPU target this host does not have: XLA:GPU compiling for 8 H100s.
+
+Two routes reach XLA:GPU's compile for a multi-GPU target; both give the module XLA:GPU really
+schedules (its latency-hiding scheduler, its asynchronous collectives) and its memory, and run
+nothing:
+
+1. **Deviceless, on any host.** With the CUDA plugin installed (``pip install
+   "jax[cuda12-local]==<the installed JAX>"``, or this package's ``gpu-compile`` extra: the plugin
+   without CUDA's libraries), ``jax.experimental.topologies.get_topology_desc(platform="cuda",
+   topology="1x1x8", target_config=...)`` describes 8 GPUs of one host from a target config (a
+   ``GpuTargetConfigProto`` in text form: :data:`TARGETS`, read off a real device), without a GPU.
+   A host without CUDA's libraries needs
+   ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` (set before JAX starts) or the plugin refuses to load.
+2. **On one GPU** (:func:`use_mock_topology`, before the backend starts): ``jax_mock_gpu_topology``
+   (``"1x8x1"``: 8 hosts of 1 GPU) makes the one GPU's client compile for 8 (the process then
+   believes itself one of 8: run only the ``gpu_compile`` tests so). :func:`topologies_for` then
+   names the mocked topology instead.
+
+A topology is named ``<target>:<slices>x<hosts per slice>x<GPUs per host>``: ``h100:1x1x8`` (an
+8-GPU NVLink host), ``h100:1x2x8`` (two of them). Where neither route is open here, the checks of
+the GPU compile tier skip, naming the install command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib.metadata
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from conformance import compilation_cache
+from conformance.fixtures.meshes import MeshConfig, mesh_over
+from conformance.tpu_compiler import CompilerRefusal, first_lines
+
+__all__ = ["CompilerRefusal"]
+
+#: How the suite's messages name this compiler's target.
+NAME = "GPU"
+#: What one device of the target is called.
+DEVICE = "GPU"
+
+#: The variable that starts route 2 (the pytest plugin applies it before JAX's backends start).
+MOCK_VARIABLE = "CONFORMANCE_GPU_MOCK_TOPOLOGY"
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTarget:
+    """A GPU model XLA:GPU can compile for without one: its target config, read off the device."""
+
+    name: str  #: ``"h100"``
+    config_file: str  #: in ``conformance/gpu_targets``
+    device_kind: str  #: as JAX names the device
+
+    def config_text(self) -> str:
+        return (Path(__file__).parent / "gpu_targets" / self.config_file).read_text()
+
+
+TARGETS = {"h100": GpuTarget("h100", "h100_sxm.txtpb", "NVIDIA H100 80GB HBM3")}
+
+#: The topology a ring of each length compiles for (route 1): one NVLink host of 8 GPUs, two of them.
+TOPOLOGY_BY_GPUS = {8: "h100:1x1x8", 16: "h100:1x2x8"}
+
+
+def plugin_version() -> str | None:
+    """``jax-cuda12-plugin 0.10.2`` (or the CUDA 13 one) where one is installed, else ``None``."""
+    for name in ("jax-cuda12-plugin", "jax-cuda13-plugin"):
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def install_command() -> str:
+    """What installs the CUDA plugin the installed JAX pins, without CUDA's libraries."""
+    return (
+        f'pip install "jax[cuda12-local]=={jax.__version__}" (or "jax-collective-conformance[gpu-compile]"), '
+        "with JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 set where CUDA's libraries are absent"
+    )
+
+
+def mock_topology() -> str | None:
+    """The mocked topology this process's GPU client compiles for (route 2), or ``None``."""
+    return jax.config.values.get("jax_mock_gpu_topology") or None
+
+
+def use_mock_topology(topology: str) -> None:
+    """Route 2: the one GPU's client compiles for ``topology`` (``"1x8x1"``). Call before JAX's
+    backends start (the pytest plugin does, from :data:`MOCK_VARIABLE`)."""
+    if not re.fullmatch(r"\d+x\d+x\d+", topology):
+        raise ValueError(f"{MOCK_VARIABLE}={topology!r}: expected <slices>x<hosts per slice>x<GPUs per host>")
+    jax.config.update("jax_mock_gpu_topology", topology)
+
+
+def configure_from_environment() -> None:
+    """Route 2 where :data:`MOCK_VARIABLE` asks for it (the pytest plugin calls this at start)."""
+    if os.environ.get(MOCK_VARIABLE):
+        use_mock_topology(os.environ[MOCK_VARIABLE])
+
+
+def topologies_for(num_devices: int) -> tuple[str, ...]:
+    """The topologies a ring of ``num_devices`` compiles for: the mocked one where route 2 is in use
+    (if it has that many GPUs), else :data:`TOPOLOGY_BY_GPUS`."""
+    mocked = mock_topology()
+    if mocked is not None:
+        gpus = int(np.prod([int(k) for k in mocked.split("x")]))
+        return (f"{_real_target()}:{mocked}",) if gpus == num_devices else ()
+    found = TOPOLOGY_BY_GPUS.get(num_devices)
+    return (found,) if found else ()
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """Why this host cannot compile for a GPU target (no CUDA plugin, or no topology from it);
+    ``None`` if it can."""
+    if mock_topology() is not None:
+        return (
+            None
+            if _real_target()
+            else "a mocked GPU topology is set but this host's GPU is not a known target"
+        )
+    if plugin_version() is None:
+        return f"XLA:GPU without a GPU needs JAX's CUDA plugin, which is not installed: {install_command()}"
+    try:
+        topology_devices(TOPOLOGY_BY_GPUS[8])
+    except Exception as e:  # whatever the plugin says: quoted, never guessed at
+        said = f"{type(e).__name__}: {first_lines(str(e))}"
+        return f"{plugin_version()} is installed but gives no GPU topology: {said}"
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+def _real_target() -> str | None:
+    """The :data:`TARGETS` name of this host's GPU (route 2), or ``None``."""
+    try:
+        kind = jax.devices("gpu")[0].device_kind
+    except RuntimeError:
+        return None
+    return next((t.name for t in TARGETS.values() if t.device_kind == kind), None)
+
+
+@functools.cache
+def topology_devices(topology: str) -> tuple[Any, ...]:
+    """The devices of ``topology`` (``"h100:1x1x8"``): the mocked GPU client's (route 2) or a
+    compile-only topology's from the target config (route 1)."""
+    target, _, shape = topology.partition(":")
+    if target not in TARGETS or not re.fullmatch(r"\d+x\d+x\d+", shape):
+        raise ValueError(
+            f"unknown GPU topology {topology!r}; e.g. {TOPOLOGY_BY_GPUS[8]!r} ({', '.join(TARGETS)})"
+        )
+    if mock_topology() is not None:
+        return tuple(jax.devices("gpu"))
+    config, dropped = readable_target_config(TARGETS[target].config_text(), shape)
+    _DROPPED[target] = dropped
+    from jax.experimental import topologies
+
+    return tuple(topologies.get_topology_desc(platform="cuda", topology=shape, target_config=config).devices)
+
+
+#: Per target, the config fields the installed plugin does not know and was given without.
+_DROPPED: dict[str, tuple[str, ...]] = {}
+
+_UNKNOWN_FIELD = re.compile(r'(\d+):\d+: Message type "([\w.]+)" has no field named "(\w+)"')
+
+
+def readable_target_config(text: str, shape: str) -> tuple[str, tuple[str, ...]]:
+    """``text`` as the installed CUDA plugin reads it, and the fields dropped for it: a target config
+    read off a device by a newer XLA names fields an older one's proto lacks, which the older
+    compiler would not use; each such field (named in protobuf's parse error) is removed in turn. Any
+    other parse error raises, quoting protobuf."""
+    from jax.experimental import topologies
+
+    lines, dropped = text.splitlines(), []
+    for _ in range(64):
+        said: list[str] = []
+        with _stderr_captured(said):
+            try:
+                topologies.get_topology_desc(platform="cuda", topology=shape, target_config="\n".join(lines))
+                return "\n".join(lines), tuple(dropped)
+            except Exception as e:
+                if "GpuTargetConfigProto" not in str(e):
+                    raise
+                error = e
+        found = _UNKNOWN_FIELD.search(said[0])
+        if found is None:
+            raise RuntimeError(
+                f"the CUDA plugin cannot read the target config: {error}; protobuf: {said[0]!r}"
+            )
+        start = int(found.group(1)) - 1
+        end, depth = start, lines[start].count("{") - lines[start].count("}")
+        while depth > 0:
+            end += 1
+            depth += lines[end].count("{") - lines[end].count("}")
+        del lines[start : end + 1]
+        dropped.append(f"{found.group(2).rsplit('.', 1)[-1]}.{found.group(3)}")
+    raise RuntimeError(f"the CUDA plugin rejects more than 64 fields of the target config: {dropped}")
+
+
+@contextlib.contextmanager
+def _stderr_captured(into: list[str]) -> Iterator[None]:
+    """What native code writes to file descriptor 2 inside the block (protobuf's parse errors),
+    appended to ``into`` on leaving it."""
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            into.append(sink.read().decode(errors="replace"))
+
+
+def mesh_on(config: MeshConfig, topology: str) -> jax.sharding.Mesh:
+    """The mesh of ``config`` over the first GPUs of ``topology``, in device order."""
+    devices = topology_devices(topology)
+    if config.num_devices > len(devices):
+        raise ValueError(f"{config.label} needs {config.num_devices} devices; {topology} has {len(devices)}")
+    return mesh_over(config, devices[: config.num_devices])
+
+
+def judge(topology: str) -> str:
+    """Who gives a verdict compiled for ``topology``: ``XLA:GPU, jax-cuda12-plugin 0.10.2 (h100:1x1x8,
+    deviceless)``."""
+    target = topology.split(":")[0]
+    if mock_topology() is not None:
+        jaxlib = importlib.metadata.version("jaxlib")
+        return f"XLA:GPU, jaxlib {jaxlib} on one {TARGETS[target].device_kind} ({topology}, mocked)"
+    dropped = _DROPPED.get(target, ())
+    named = ", ".join(field.split(".")[-1] for field in dropped[:3]) + (", ..." if len(dropped) > 3 else "")
+    without = f"; its proto lacks {len(dropped)} of the target's fields: {named}" if dropped else ""
+    return f"XLA:GPU, {plugin_version()} ({topology}, deviceless{without})"
+
+
+#: Both routes compile with GEMM autotuning off. Deviceless there is no GPU to time configs on (jaxlib
+#: 0.6.2 refuses otherwise: "Expect autotune result cache hit for deviceless compilation"); under a
+#: mocked topology, autotuning a ring kernel did not finish in 120 s (jaxlib 0.11.2, one H100), where
+#: without it the compile took 1.2 s and scheduled as deviceless did. The schedule and memory judged
+#: do not depend on which GEMM tiling is picked.
+COMPILE_OPTIONS = {"xla_gpu_autotune_level": 0}
+
+
+def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> Any:
+    """``jit(fn)`` lowered and compiled for the GPUs ``args`` are sharded on: :class:`CompilerRefusal`
+    quoting XLA:GPU where it refuses. JAX's compilation cache is bypassed (a compile-only client's
+    executable cannot be read back); with :data:`COMPILE_OPTIONS`."""
+    try:
+        with compilation_cache.bypassed():
+            return jax.jit(fn).lower(*args).compile(compiler_options=COMPILE_OPTIONS)
+    except Exception as e:  # XlaRuntimeError, JaxRuntimeError, lowering errors: their own words
+        raise CompilerRefusal(f"{type(e).__name__}: {first_lines(str(e))}") from e

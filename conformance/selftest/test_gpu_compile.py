@@ -1,0 +1,116 @@
+"""The GPU compile tier: XLA:GPU compiling for 8 H100s without a GPU rejects what cannot overlap,
+what keeps too much memory and what moves too many bytes, and passes what it schedules well.
+
+Runs where JAX's CUDA plugin is installed (``tox -e gpu-compile``); elsewhere it skips, naming the
+install command. Each case at one rung of the family's ladder, on a ring of 8.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import conformance.kernels
+import conformance.selftest.broken_kernels
+import conformance.selftest.broken_memory_kernels
+import conformance.selftest.broken_overlap_kernels  # noqa: F401  (registers the kernels below)
+from conformance import checks, gpu_compiler, specs
+from conformance.checks.tpu_memory import memory_dims as tpu_memory_dims
+from conformance.fixtures.meshes import parse_mesh
+from conformance.outcomes import run_here
+from conformance.runner import Case
+from conformance.session import Session
+
+pytestmark = [
+    pytest.mark.selftest,
+    pytest.mark.skipif(
+        not gpu_compiler.available(), reason=f"no GPU compiler here: {gpu_compiler.unavailable_reason()}"
+    ),
+]
+
+
+def _run(check: str, family: str, impl: str, *, rung: int = 1):
+    sizes = specs.get(family).schedule_ladder or tpu_memory_dims(family)
+    case = Case.make(
+        family, impl, parse_mesh("8-x-explicit"), dict(sizes[min(rung, len(sizes) - 1)]), "bfloat16"
+    )
+    return run_here(checks.CHECKS[check], case, Session())
+
+
+@pytest.mark.parametrize(
+    ("family", "impl"),
+    [
+        ("allgather_matmul", "broken_agmm_gathers_then_multiplies"),
+        ("allgather_matmul", "broken_agmm_each_transfer_waits_for_its_matmul"),
+        ("matmul_reduce_scatter", "broken_mrs_multiplies_then_reduce_scatters"),
+    ],
+)
+def test_the_gpu_schedule_rejects_kernels_that_do_not_overlap(family: str, impl: str) -> None:
+    outcome = _run("gpu_schedule", family, impl)
+    assert outcome.verdict == "failed", outcome
+    message = str(outcome.failure)
+    assert "in the real GPU schedule its transfers do not run beside matmuls (h100:1x1x8)" in message, message
+    assert "judge          : XLA:GPU, jax-cuda" in message and "run order" in message, message
+
+
+def test_a_ring_xla_gpu_overlaps_passes() -> None:
+    outcome = _run("gpu_schedule", "matmul_reduce_scatter", "ring_matmul_reduce_scatter_unidirectional")
+    assert outcome.verdict == "passed", outcome
+    (record,) = outcome.records
+    assert record.total > 0 and record.hidden >= record.total - 1, record
+
+
+def test_xla_gpu_merges_the_gather_rings_matmuls() -> None:
+    """XLA:GPU's dot merger fuses matmuls that share the weight operand: the gather ring's per-step
+    matmuls become a few larger ones, each waiting for several transfers. The built-in ring fails
+    on GPU for it (known failure in tox -e gpu-compile); this pins the finding."""
+    outcome = _run("gpu_schedule", "allgather_matmul", "ring_allgather_matmul_bidirectional")
+    assert outcome.verdict == "failed", outcome
+    (record,) = outcome.records
+    assert record.hidden <= 1 and record.order.count("M") < record.total, record
+
+
+def test_gpu_memory_rejects_a_kernel_that_keeps_every_step() -> None:
+    outcome = _run("gpu_memory", "allgather_matmul", "broken_agmm_keeps_every_step", rung=0)
+    assert outcome.verdict == "failed", outcome
+    assert "its peak memory is" in str(outcome.failure) and "per GPU" in str(outcome.failure), outcome
+
+
+@pytest.mark.parametrize(
+    ("impl", "phrase"),
+    [
+        ("broken_ring_sends_double", "moves more bfloat16 bytes than its math needs"),
+        ("broken_allgather_then_matmul", "uses collectives the family forbids"),
+    ],
+)
+def test_gpu_bytes_rejects_waste_in_the_compiled_module(impl: str, phrase: str) -> None:
+    outcome = _run("gpu_bytes", "allgather_matmul", impl, rung=0)
+    assert outcome.verdict == "failed", outcome
+    assert phrase in str(outcome.failure) and "compiled for GPU (h100:1x1x8)" in str(outcome.failure), outcome
+
+
+def test_a_field_the_plugin_lacks_is_dropped_and_named() -> None:
+    text = (
+        gpu_compiler.TARGETS["h100"]
+        .config_text()
+        .replace("gpu_device_info {", "gpu_device_info {\n  not_a_field_of_any_xla: 7", 1)
+    )
+    readable, dropped = gpu_compiler.readable_target_config(text, "1x1x8")
+    assert "not_a_field_of_any_xla" not in readable
+    assert "GpuDeviceInfoProto.not_a_field_of_any_xla" in dropped, dropped
+
+
+def test_any_other_parse_error_raises_quoting_protobuf() -> None:
+    with pytest.raises(RuntimeError, match="cannot read the target config"):
+        gpu_compiler.readable_target_config("gpu_device_info { core_count: [oops", "1x1x8")
+
+
+def test_a_host_without_the_plugin_skips_naming_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_compiler, "plugin_version", lambda: None)
+    gpu_compiler.unavailable_reason.cache_clear()
+    try:
+        outcome = _run("gpu_schedule", "matmul_reduce_scatter", "ring_matmul_reduce_scatter_unidirectional")
+    finally:
+        monkeypatch.undo()
+        gpu_compiler.unavailable_reason.cache_clear()
+    assert outcome.verdict == "skipped", outcome
+    assert "jax[cuda12-local]" in outcome.message, outcome
