@@ -39,7 +39,10 @@ accumulators it sends are ready, fenced so that the addition of what arrives is
 not fused into the matmul (which would make the matmul wait for the transfer).
 Compiled by libtpu 0.0.17 to 0.0.50 for v5e and v6e slices of 8 and 16 chips,
 every transfer has a matmul inside it but at most one per ring at the smallest
-size (``conformance/checks/tpu_schedule.py`` measures it).
+size (``conformance/checks/tpu_schedule.py`` measures it). XLA:GPU would also
+merge the steps' matmuls (they share the weight block) into a few that wait for
+several transfers each; the kernels give each step's matmul its own operand
+(:func:`unmerged`).
 """
 
 from __future__ import annotations
@@ -88,6 +91,18 @@ def after(value: Any, *, waits_for: Any) -> Any:
         return value
     value, _ = lax.optimization_barrier((value, waits_for))
     return value
+
+
+def unmerged(shared: jax.Array, *, beside: jax.Array) -> jax.Array:
+    """``shared`` (an operand every ring step multiplies by: the weight block) as this step's own
+    value, tied to ``beside`` (what the step multiplies it with) by an ``optimization_barrier``.
+
+    XLA:GPU's dot merger fuses independent matmuls that share an operand into one. Merged, a ring's
+    per-step matmuls become a few larger ones, each waiting for several transfers, which then run
+    back to back: compiled for 8 H100s (``conformance/checks/gpu_compile.py``) the gather ring hid 0
+    of 14 transfers, and every one with each step's matmul given its own operand. Free at run time."""
+    shared, _ = lax.optimization_barrier((shared, beside))
+    return shared
 
 
 def ring_gather_visit(block: jax.Array, axis_name: str, visit: Visit, *, bidirectional: bool) -> None:

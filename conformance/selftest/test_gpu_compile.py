@@ -18,6 +18,7 @@ from conformance.checks.tpu_memory import memory_dims as tpu_memory_dims
 from conformance.fixtures.meshes import parse_mesh
 from conformance.outcomes import run_here
 from conformance.runner import Case
+from conformance.selftest import broken_gpu_kernels
 from conformance.session import Session
 
 pytestmark = [
@@ -59,14 +60,17 @@ def test_a_ring_xla_gpu_overlaps_passes() -> None:
     assert record.total > 0 and record.hidden >= record.total - 1, record
 
 
-def test_xla_gpu_merges_the_gather_rings_matmuls() -> None:
-    """XLA:GPU's dot merger fuses matmuls that share the weight operand: the gather ring's per-step
-    matmuls become a few larger ones, each waiting for several transfers. The built-in ring fails
-    on GPU for it (known failure in tox -e gpu-compile); this pins the finding."""
-    outcome = _run("gpu_schedule", "allgather_matmul", "ring_allgather_matmul_bidirectional")
+@pytest.mark.parametrize("impl", broken_gpu_kernels.EXPECTED_GPU_SCHEDULE_REJECTION)
+def test_a_ring_right_on_tpu_whose_matmuls_xla_gpu_merges_fails(impl: str) -> None:
+    """XLA:GPU's dot merger fuses the steps' matmuls that share the weight block: a few larger ones,
+    each waiting for several transfers. The same ring with each step's own operand (the built-in)
+    passes at this size."""
+    outcome = _run("gpu_schedule", "allgather_matmul", impl)
     assert outcome.verdict == "failed", outcome
     (record,) = outcome.records
     assert record.hidden <= 1 and record.order.count("M") < record.total, record
+    fixed = _run("gpu_schedule", "allgather_matmul", "ring_allgather_matmul_bidirectional")
+    assert fixed.verdict == "passed", fixed
 
 
 def test_gpu_memory_rejects_a_kernel_that_keeps_every_step() -> None:

@@ -55,7 +55,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, with_ring_vjp
+from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, unmerged, with_ring_vjp
 from conformance.kernels.allgather_matmul._common import validate
 
 
@@ -66,7 +66,7 @@ def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidi
 
     def multiply_into_rows(owner: jax.Array, first: int, rows: jax.Array) -> jax.Array:
         nonlocal out
-        product = dot(rows, rhs_block).astype(lhs_block.dtype)
+        product = dot(rows, unmerged(rhs_block, beside=rows)).astype(lhs_block.dtype)
         out = lax.dynamic_update_slice(out, product, (owner * m + first, 0))
         return product
 

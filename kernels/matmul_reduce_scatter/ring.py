@@ -45,7 +45,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, with_ring_vjp
+from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, unmerged, with_ring_vjp
 from conformance.kernels.matmul_reduce_scatter._common import validate
 
 
@@ -53,7 +53,8 @@ def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidi
     m = lhs_block.shape[0] // lax.axis_size(axis_name)
 
     def contribution(owner: jax.Array, first: int, rows: int) -> jax.Array:
-        return dot(lax.dynamic_slice_in_dim(lhs_block, owner * m + first, rows), rhs_block)
+        lhs_rows = lax.dynamic_slice_in_dim(lhs_block, owner * m + first, rows)
+        return dot(lhs_rows, unmerged(rhs_block, beside=lhs_rows))
 
     summed = ring_reduce_scatter(contribution, m, axis_name, bidirectional=bidirectional)
     return summed.astype(lhs_block.dtype)
