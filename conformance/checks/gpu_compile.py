@@ -26,11 +26,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance import compat, gpu_compiler
+from conformance import gpu_compiler
 from conformance.checks.base import Check, NotJudged, keeping
 from conformance.checks.collectives import ByteRecord, byte_table, compiled_module_bytes
 from conformance.checks.tpu_memory import TpuMemoryRecord, check_memory, memory_table
-from conformance.checks.tpu_schedule import TpuScheduleRecord, check_schedule, schedule_table
+from conformance.checks.tpu_schedule import TpuScheduleRecord, check_schedule, ring_topologies, schedule_table
 from conformance.runner import Case
 
 #: The ring lengths the tier compiles for, the mesh labels of its cases.
@@ -82,12 +82,7 @@ def check_gpu_bytes(case: Case) -> list[ByteRecord]:
     """Compiled by XLA:GPU for the case's ring of H100s, the forward (and backward) pass uses only the
     collectives the family allows and receives at most the family's bound of bytes per device."""
     _registered_for_cuda(case)
-    reason = gpu_compiler.unavailable_reason()
-    if reason is not None:
-        raise compat.HostLimit(f"the GPU module is read from the real GPU compiler: {reason}")
-    topologies = gpu_topologies().get(case.mesh.num_devices)
-    if not topologies or len(case.mesh.shape) != 1:
-        raise NotJudged(f"the GPU module is compiled for 1-D rings of {sorted(gpu_topologies())} GPUs")
+    topologies = ring_topologies(case, gpu_compiler, gpu_topologies(), what="the GPU module")
     impl, spec = case.implementation, case.spec
     passes = ["forward"]
     if impl.differentiable and spec.backward_max_received_bytes is not None:

@@ -25,12 +25,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from conformance import compat, registry, specs, tpu_compiler
+from conformance import registry, specs, tpu_compiler
 from conformance.checks.base import Check, NotJudged, fail, keeping
 from conformance.checks.tpu_schedule import (
     SCHEDULE_TOPOLOGIES,
     compiled_on_topology,
     compiled_or_fail,
+    ring_topologies,
     topology_rows,
 )
 from conformance.runner import Case
@@ -93,20 +94,12 @@ def check_memory(
     """The memory verdict of ``compiler`` (:mod:`~conformance.tpu_compiler` or
     :mod:`~conformance.gpu_compiler`) for each topology of the case's ring length, one ``record``
     each."""
-    reason = compiler.unavailable_reason()
-    if reason is not None:
-        raise compat.HostLimit(
-            f"{compiler.NAME} memory is read from the real {compiler.NAME} compiler: {reason}"
-        )
-    ring_topologies = topologies.get(case.mesh.num_devices)
-    if not ring_topologies or len(case.mesh.shape) != 1:
-        rings = f"1-D rings of {sorted(topologies)} {compiler.DEVICE}s"
-        raise NotJudged(f"{compiler.NAME} memory is compiled for {rings}")
+    found = ring_topologies(case, compiler, topologies, what=f"{compiler.NAME} memory")
     baseline = _baseline(case.family)
     base_case = Case.make(case.family, baseline, case.mesh, dict(case.dims), case.dtype)
     records: list[Any] = []
     with keeping(records):
-        for topology in ring_topologies:
+        for topology in found:
             _judge(case, base_case, topology, records, compiler=compiler, check=check, record=record)
     return records
 

@@ -81,20 +81,25 @@ def check_schedule(
         raise NotJudged(PALLAS_OVERLAP)
     if not spec.overlap:
         raise NotJudged(f"family {case.family} has no compute to hide its transfers behind")
-    reason = compiler.unavailable_reason()
-    if reason is not None:
-        raise compat.HostLimit(
-            f"the {compiler.NAME} schedule is read from the real {compiler.NAME} compiler: {reason}"
-        )
-    ring_topologies = topologies.get(case.mesh.num_devices)
-    if not ring_topologies or len(case.mesh.shape) != 1:
-        rings = f"1-D rings of {sorted(topologies)} {compiler.DEVICE}s"
-        raise NotJudged(f"the {compiler.NAME} schedule is compiled for {rings}")
     records: list[Any] = []
     with keeping(records):
-        for topology in ring_topologies:
+        for topology in ring_topologies(case, compiler, topologies, what=f"the {compiler.NAME} schedule"):
             _judge(case, topology, records, compiler=compiler, check=check, record=record)
     return records
+
+
+def ring_topologies(
+    case: Case, compiler: Any, topologies: Mapping[int, tuple[str, ...]], *, what: str
+) -> tuple[str, ...]:
+    """The topologies of ``topologies`` for the case's ring length: a host limit where ``compiler``
+    is not available here, not judged for a mesh that is no 1-D ring of one of those lengths."""
+    reason = compiler.unavailable_reason()
+    if reason is not None:
+        raise compat.HostLimit(f"{what} is read from the real {compiler.NAME} compiler: {reason}")
+    found = topologies.get(case.mesh.num_devices)
+    if not found or len(case.mesh.shape) != 1:
+        raise NotJudged(f"{what} is compiled for 1-D rings of {sorted(topologies)} {compiler.DEVICE}s")
+    return found
 
 
 def compiler_of(topology: str) -> Any:
