@@ -118,6 +118,18 @@ def topologies_for(num_devices: int) -> tuple[str, ...]:
     return (found,) if found else ()
 
 
+def topology_for(num_devices: int) -> str:
+    """The topology a mesh of ``num_devices`` compiles for by default: the mocked one (route 2), else
+    the smallest of :data:`TOPOLOGY_BY_GPUS` that holds it (its first GPUs)."""
+    mocked = mock_topology()
+    if mocked is not None:
+        return f"{_real_target()}:{mocked}"
+    for gpus, name in sorted(TOPOLOGY_BY_GPUS.items()):
+        if gpus >= num_devices:
+            return name
+    raise ValueError(f"no standard GPU topology of {num_devices} GPUs (at most {max(TOPOLOGY_BY_GPUS)})")
+
+
 @functools.cache
 def unavailable_reason() -> str | None:
     """Why this host cannot compile for a GPU target (no CUDA plugin, or no topology from it);
@@ -224,8 +236,10 @@ def _stderr_captured(into: list[str]) -> Iterator[None]:
             into.append(sink.read().decode(errors="replace"))
 
 
-def mesh_on(config: MeshConfig, topology: str) -> jax.sharding.Mesh:
-    """The mesh of ``config`` over the first GPUs of ``topology``, in device order."""
+def mesh_on(config: MeshConfig, topology: str | None = None) -> jax.sharding.Mesh:
+    """The mesh of ``config`` over the first GPUs of ``topology`` (default :func:`topology_for` its
+    size), in device order."""
+    topology = topology or topology_for(config.num_devices)
     devices = topology_devices(topology)
     if config.num_devices > len(devices):
         raise ValueError(f"{config.label} needs {config.num_devices} devices; {topology} has {len(devices)}")

@@ -118,3 +118,21 @@ def test_a_host_without_the_plugin_skips_naming_the_install(monkeypatch: pytest.
         gpu_compiler.unavailable_reason.cache_clear()
     assert outcome.verdict == "skipped", outcome
     assert "jax[cuda12-local]" in outcome.message, outcome
+
+
+def test_the_gpu_mesh_fixture_compiles_for_the_gpus(conformance_gpu_mesh) -> None:
+    """The fixture a downstream test takes: a 2-D mesh over 8 of two hosts' H100s."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from conformance import registry
+
+    mesh = conformance_gpu_mesh("2x4-y-auto", topology="h100:1x2x8")
+    assert mesh.shape == {"x": 2, "y": 4}
+    assert {d.device_kind for d in mesh.devices.flat} == {"NVIDIA H100 80GB HBM3"}
+    x = jax.ShapeDtypeStruct((4 * 96, 128), jnp.bfloat16, sharding=NamedSharding(mesh, P("y")))
+    xla_all_gather = registry.get("all_gather", "xla_all_gather").fn
+    text = gpu_compiler.compile_on(lambda a: xla_all_gather(a, mesh=mesh, axis_name="y"), (x,)).as_text()
+    assert "all-gather" in text, text[:2000]
