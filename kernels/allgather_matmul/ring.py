@@ -66,7 +66,7 @@ def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidi
 
     def multiply_into_rows(owner: jax.Array, first: int, rows: jax.Array) -> jax.Array:
         nonlocal out
-        product = dot(rows, unmerged(rhs_block, beside=rows)).astype(lhs_block.dtype)
+        product = dot(rows, unmerged(rhs_block, beside=owner)).astype(lhs_block.dtype)
         out = lax.dynamic_update_slice(out, product, (owner * m + first, 0))
         return product
 

@@ -54,7 +54,7 @@ def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidi
 
     def contribution(owner: jax.Array, first: int, rows: int) -> jax.Array:
         lhs_rows = lax.dynamic_slice_in_dim(lhs_block, owner * m + first, rows)
-        return dot(lhs_rows, unmerged(rhs_block, beside=lhs_rows))
+        return dot(lhs_rows, unmerged(rhs_block, beside=owner))
 
     summed = ring_reduce_scatter(contribution, m, axis_name, bidirectional=bidirectional)
     return summed.astype(lhs_block.dtype)
