@@ -174,15 +174,18 @@ def topology_devices(topology: str) -> tuple[Any, ...]:
         )
     if mock_topology() is not None:
         return tuple(jax.devices("gpu"))
-    config, dropped = readable_target_config(TARGETS[target].config_text(), shape)
-    _DROPPED[target] = dropped
+    config, _ = target_config_for_plugin(target)
     from jax.experimental import topologies
 
     return tuple(topologies.get_topology_desc(platform="cuda", topology=shape, target_config=config).devices)
 
 
-#: Per target, the config fields the installed plugin does not know and was given without.
-_DROPPED: dict[str, tuple[str, ...]] = {}
+@functools.cache
+def target_config_for_plugin(target: str) -> tuple[str, tuple[str, ...]]:
+    """``target``'s config as the installed CUDA plugin reads it, and the fields it is given without
+    (:func:`readable_target_config`)."""
+    return readable_target_config(TARGETS[target].config_text(), "1x1x8")
+
 
 _UNKNOWN_FIELD = re.compile(r'(\d+):\d+: Message type "([\w.]+)" has no field named "(\w+)"')
 
@@ -253,7 +256,7 @@ def judge(topology: str) -> str:
     if mock_topology() is not None:
         jaxlib = importlib.metadata.version("jaxlib")
         return f"XLA:GPU, jaxlib {jaxlib} on one {TARGETS[target].device_kind} ({topology}, mocked)"
-    dropped = _DROPPED.get(target, ())
+    dropped = target_config_for_plugin(target)[1]
     named = ", ".join(field.split(".")[-1] for field in dropped[:3]) + (", ..." if len(dropped) > 3 else "")
     without = f"; its proto lacks {len(dropped)} of the target's fields: {named}" if dropped else ""
     return f"XLA:GPU, {plugin_version()} ({topology}, deviceless{without})"
