@@ -302,20 +302,15 @@ def _compile_key(case: Case) -> Case:
     return dataclasses.replace(case, seed=0)
 
 
-#: XLA options for the suite's own compiles on a CPU host: LLVM at -O0. XLA's HLO passes, which
-#: decide the collectives and bytes the checks read, run as always; measured on the rings (JAX
-#: 0.6.2 and 0.10.2) the compiled HLO text and the results are bitwise the same, and a compile
-#: takes a half to a quarter of the time. Compiles for a GPU or TPU keep the backend's defaults.
-CPU_COMPILER_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
-
-
 def compile_lowered(lowered: Any, platform: str) -> Any:
-    """``lowered.compile()``, with :data:`CPU_COMPILER_OPTIONS` on the CPU host; in a multi-process
+    """``lowered.compile()``, with the suite's CPU compile options on the CPU host
+    (:func:`conformance.compat.cpu_compiler_options`: cheaper code generation, the same HLO passes;
+    a compile for a GPU or TPU keeps the backend's defaults); in a multi-process
     job, only once every rank has traced the same program (else each raises, naming the ranks)."""
     from conformance import distributed
 
     distributed.agree_on_program(lowered, "this call")
-    return lowered.compile(compiler_options=CPU_COMPILER_OPTIONS if platform == "cpu" else None)
+    return lowered.compile(compiler_options=compat.cpu_compiler_options() if platform == "cpu" else None)
 
 
 @functools.cache
