@@ -304,7 +304,7 @@ def _compile_key(case: Case) -> Case:
 
 def compile_lowered(lowered: Any, platform: str) -> Any:
     """``lowered.compile()``, with the suite's CPU compile options on the CPU host
-    (:func:`conformance.compat.cpu_compiler_options`: cheaper code generation, the same HLO passes;
+    (:func:`conformance.compat.cpu_compiler_options`: cheaper code generation, the same collectives;
     a compile for a GPU or TPU keeps the backend's defaults); in a multi-process
     job, only once every rank has traced the same program (else each raises, naming the ranks)."""
     from conformance import distributed
