@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from conformance import compilation_cache
+from conformance import compilation_cache, target_compiles
 from conformance.fixtures.meshes import MeshConfig, mesh_over
 from conformance.tpu_compiler import CompilerRefusal, first_lines
 
@@ -273,9 +273,16 @@ COMPILE_OPTIONS = {"xla_gpu_autotune_level": 0}
 def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> Any:
     """``jit(fn)`` lowered and compiled for the GPUs ``args`` are sharded on: :class:`CompilerRefusal`
     quoting XLA:GPU where it refuses. JAX's compilation cache is bypassed (a compile-only client's
-    executable cannot be read back); with :data:`COMPILE_OPTIONS`."""
+    executable cannot be read back; :mod:`conformance.target_compiles` keeps what the checks read
+    instead); with :data:`COMPILE_OPTIONS`."""
+    compiler = f"XLA:GPU {plugin_version()} jaxlib {jax.__version__} mocked {mock_topology()}"
     try:
         with compilation_cache.bypassed():
-            return jax.jit(fn).lower(*args).compile(compiler_options=COMPILE_OPTIONS)
+            lowered = jax.jit(fn).lower(*args)
+            return target_compiles.compile_lowered(
+                lowered, compiler=compiler, devices=target_compiles.device_ids(args), options=COMPILE_OPTIONS
+            )
+    except target_compiles.Refused as e:
+        raise CompilerRefusal(first_lines(str(e))) from e
     except Exception as e:  # XlaRuntimeError, JaxRuntimeError, lowering errors: their own words
         raise CompilerRefusal(f"{type(e).__name__}: {first_lines(str(e))}") from e

@@ -259,6 +259,8 @@ def pytest_configure(config: pytest.Config) -> None:
         pytest_cache=getattr(config, "cache", None),
     )
     undo_cache = compilation_cache.use(cache_dir) if cache_dir else lambda: None
+    # compiles for TPU and GPU topologies, which JAX's cache cannot hold, are kept beside it
+    session.target_compile_dir = compilation_cache.target_compile_dir(cache_dir) if cache_dir else None
 
     def undo() -> None:
         undo_cache()

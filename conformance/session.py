@@ -82,6 +82,9 @@ class Session:
         #: Where a pytest session keeps its results (:class:`conformance.results.RunLog`); ``None``
         #: for a run that reports each outcome as it comes (absltest, replay, the worker).
         self.log: Any = None
+        #: Where compiles for TPU and GPU topologies are kept across processes and runs
+        #: (:mod:`conformance.target_compiles`); ``None``: in this process only.
+        self.target_compile_dir: str | None = None
 
     def activate(self) -> Callable[[], None]:
         """Make this session :func:`current`; returns the closure that undoes it."""

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from conformance import compilation_cache
+from conformance import compilation_cache, target_compiles
 from conformance.fixtures.meshes import MeshConfig, mesh_over, mesh_over_axis_types
 
 #: How the suite's messages name this compiler's target.
@@ -151,18 +151,24 @@ def judge(topology: str) -> str:
     return f"libtpu {libtpu_version()} ({topology})"
 
 
-def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> Any:
+def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> target_compiles.TargetCompile:
     """``jit(fn)`` lowered and compiled for the devices ``args`` are sharded on, as on a TPU host:
     :class:`CompilerRefusal` quoting the toolchain where it refuses (JAX's side of Mosaic while
     lowering, XLA:TPU and Mosaic in libtpu while compiling). A kernel's own
-    :class:`~conformance.mosaic.TpuConstraintError` propagates as it is."""
+    :class:`~conformance.mosaic.TpuConstraintError` propagates as it is. A program compiled before
+    (by another worker, an earlier run) is read back (:mod:`conformance.target_compiles`)."""
     from conformance.mosaic import TpuConstraintError
 
     try:
         with compilation_cache.bypassed():
-            return jax.jit(fn).lower(*args).compile()
+            lowered = jax.jit(fn).lower(*args)
+            return target_compiles.compile_lowered(
+                lowered, compiler=f"libtpu {libtpu_version()}", devices=target_compiles.device_ids(args)
+            )
     except TpuConstraintError:
         raise
+    except target_compiles.Refused as e:
+        raise CompilerRefusal(first_lines(str(e))) from e
     except Exception as e:  # XlaRuntimeError, JaxRuntimeError, Mosaic's lowering errors: their own words
         raise CompilerRefusal(f"{type(e).__name__}: {first_lines(str(e))}") from e
 

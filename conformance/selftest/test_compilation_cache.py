@@ -1,5 +1,6 @@
 """JAX's persistent compilation cache: a repeat run reads back the first run's compiles for the
-host, never a compile for a TPU topology (the compile-only client cannot read those back), and
+host, never a compile for a TPU topology (the compile-only client cannot read those back: what the
+checks read of those is kept beside it, :mod:`conformance.target_compiles`, and read back too), and
 ``off`` leaves JAX's settings alone.
 
 The sub-runs are separate pytest processes with the suite's plugin loaded as a user gets it, on
@@ -8,11 +9,12 @@ one small kernel (:mod:`conformance.selftest.test_plugin_options`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from conformance import compilation_cache, tpu_compiler
+from conformance import compilation_cache, target_compiles, tpu_compiler
 from conformance.selftest.test_plugin_options import KERNELS, _pytest
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
@@ -51,16 +53,27 @@ def test_a_repeat_run_reads_the_host_compiles_back(tmp_path: Path) -> None:
 
     run()
     folder = cache / compilation_cache.folder_name()  # one folder per JAX version
-    entries = list(folder.iterdir())
+    kept = Path(compilation_cache.target_compile_dir(str(folder)))  # the compiles for TPU topologies
+
+    def files(where: Path) -> list[Path]:
+        return sorted(e for e in where.iterdir() if e.is_file()) if where.is_dir() else []
+
+    entries, compiled_for_tpu = files(folder), files(kept)
     assert entries, "the first run wrote nothing to the cache"
+    if tpu_compiler.available():
+        assert compiled_for_tpu, "the compiles for TPU topologies were not kept"
     repeat = run()
     assert UNREADABLE not in repeat, repeat[-3000:]  # no TPU executable was written to be read back
-    if tpu_compiler.available():  # the TPU compiles ran, in both runs
+    if tpu_compiler.available():  # the TPU compiles' verdicts, read back in the repeat
         assert "lowered_bytes          ok" in repeat, repeat[-3000:]
-    assert sorted(folder.iterdir()) == sorted(entries)  # and wrote no new entry
+    assert files(folder) == entries and files(kept) == compiled_for_tpu  # and wrote no new entry
     for entry in entries:  # the repeat read them: garbled, JAX says so (and compiles afresh)
         entry.write_bytes(b"not an executable")
+    for entry in compiled_for_tpu:  # garbled: compiled again, and kept whole
+        entry.write_text("{not json")
     assert UNREADABLE in run()
+    for entry in compiled_for_tpu:
+        assert json.loads(entry.read_text())["format"] == target_compiles.FORMAT, entry
 
 
 @pytest.mark.parametrize("where", ["default", "off", "variable"])
