@@ -54,6 +54,11 @@ def _whose(filename: str) -> str:
     return "kernel"
 
 
+def is_library_frame(frame: traceback.FrameSummary) -> bool:
+    """Whether ``frame`` is in a library the kernel calls (JAX, jaxlib, numpy)."""
+    return _whose(frame.filename) == "library"
+
+
 def error_locations(error: BaseException) -> list[str]:
     """Where ``error`` was raised: the innermost frame of the kernel's own code and, if a library
     (JAX, jaxlib, numpy) raised it, the innermost frame of that library."""

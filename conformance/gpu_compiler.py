@@ -66,8 +66,10 @@ class GpuTarget:
 
 TARGETS = {"h100": GpuTarget("h100", "h100_sxm.txtpb", "NVIDIA H100 80GB HBM3")}
 
-#: The topology a ring of each length compiles for (route 1): one NVLink host of 8 GPUs, two of them.
-TOPOLOGY_BY_GPUS = {8: "h100:1x1x8", 16: "h100:1x2x8"}
+#: The topology a ring of each length compiles for (route 1): one NVLink host of 8 GPUs, two of them,
+#: and three (a ring of 24, no power of two, two of its hops between hosts). GPU topologies are hosts
+#: of GPUs, not tori: there is no 3-D slice to compile for.
+TOPOLOGY_BY_GPUS = {8: "h100:1x1x8", 16: "h100:1x2x8", 24: "h100:1x3x8"}
 
 
 def plugin_version() -> str | None:
@@ -241,12 +243,12 @@ def _stderr_captured(into: list[str]) -> Iterator[None]:
 
 def mesh_on(config: MeshConfig, topology: str | None = None) -> jax.sharding.Mesh:
     """The mesh of ``config`` over the first GPUs of ``topology`` (default :func:`topology_for` its
-    size), in device order."""
+    size), in device order (the config's own device order applied to them)."""
     topology = topology or topology_for(config.num_devices)
     devices = topology_devices(topology)
     if config.num_devices > len(devices):
         raise ValueError(f"{config.label} needs {config.num_devices} devices; {topology} has {len(devices)}")
-    return mesh_over(config, devices[: config.num_devices])
+    return mesh_over(config, tuple(devices[i] for i in config.permutation))
 
 
 def judge(topology: str) -> str:

@@ -28,12 +28,16 @@ from typing import Any
 import pytest
 
 from conformance import outcomes, results
+from conformance.fixtures.meshes import DEVICE_ORDERS
 
 #: The key of a worker's end-of-run message in xdist's ``workeroutput``.
 WORKER_OUTPUT_KEY = "conformance"
 
-#: A mesh label inside a test id's parameters (``8-x-explicit``, ``2x4-y-auto``, ``256-x-explicit``).
-_MESH_LABEL = re.compile(r"(?:^|-)(\d+(?:x\d+)*-[a-z_]+-(?:auto|explicit))(?=-|$)")
+#: A mesh label inside a test id's parameters (``8-x-explicit``, ``2x2x2-z-auto``,
+#: ``8-x-explicit-reversed``, ``256-x-explicit``).
+_MESH_LABEL = re.compile(
+    rf"(?:^|-)(\d+(?:x\d+)*-[a-z_]+-(?:auto|explicit)(?:-(?:{'|'.join(DEVICE_ORDERS[1:])}))?)(?=-|$)"
+)
 
 
 def is_worker(config: pytest.Config) -> bool:

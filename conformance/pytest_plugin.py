@@ -66,6 +66,7 @@ from conformance import (
     gpu_compiler,
     known_failures,
     plugin_jobs,
+    plugin_meshes,
     plugin_report,
     plugin_xdist,
     registry,
@@ -76,7 +77,7 @@ from conformance import (
 )
 from conformance.checks.base import Axes
 from conformance.fixtures import devices as devices_lib
-from conformance.fixtures import meshes, pytest_fixtures
+from conformance.fixtures import pytest_fixtures
 from conformance.plugin_report import (
     MISSING_BACKENDS,
     PLATFORMS,
@@ -171,8 +172,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--meshes",
         default=None,
         metavar="LABEL[,LABEL...]",
-        help="run the tests that take a standard mesh on these meshes only (labels as in the "
-        "test ids, e.g. 4-x-explicit,2x4-y-auto); tests without a mesh all run",
+        help="run the tests over standard meshes on these meshes instead: any the run's devices hold, "
+        "e.g. 6-x-auto,2x2x2-z-explicit,8-x-explicit-reversed (SHAPE-AXIS-TYPE[-ORDER]); a check's "
+        "own meshes (the compile tiers' rings) and tests without a mesh all run",
     )
     group.addoption(
         "--impl",
@@ -233,6 +235,8 @@ def pytest_configure(config: pytest.Config) -> None:
             "-n (pytest-xdist) in a multi-process JAX job: each rank is one process of the job; "
             "run the job without -n"
         )
+    # --meshes is read here, before any worker starts (under -n a worker's usage error is a crash)
+    config.stash[pytest_fixtures.WANTED_MESHES] = plugin_meshes.meshes_option(config)
     gpu_compiler.configure_from_environment()  # a mocked GPU topology, before any backend starts
     if in_job:
         # Registered before JAX's own shutdown handler, so it runs after it (atexit runs in reverse).
@@ -321,12 +325,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         impls = [i for i in impls if axes.selects(i)]
         metafunc.parametrize("implementation", [i.name for i in impls])
     if "mesh_config" in names:
-        configs = meshes.MESH_CONFIGS if axes.meshes is None else tuple(map(meshes.parse_mesh, axes.meshes))
-        metafunc.parametrize("mesh_config", configs, ids=[c.label for c in configs])
-    if "dma_mode" in names:
-        metafunc.parametrize("dma_mode", runner.DMA_MODES)
-    if "shape" in names:
-        metafunc.parametrize("shape", FIXED_SHAPES)
+        plugin_meshes.parametrize_meshes(metafunc, axes)
+    else:
+        if "dma_mode" in names:
+            metafunc.parametrize("dma_mode", runner.DMA_MODES)
+        if "shape" in names:
+            metafunc.parametrize("shape", FIXED_SHAPES)
     if "dtype" in names:
         metafunc.parametrize("dtype", getattr(specs.get(family), axes.dtypes or "dtypes"))
     if "platform" in names:
@@ -418,35 +422,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             names = getattr(getattr(item, "module", None), "IMPLEMENTATIONS", None)
             if names is not None and not any(fnmatch.fnmatchcase(n, g) for n in names for g in globs):
                 empty[id(item)] = item
-    wanted = _meshes_option(config)
-    if wanted is not None:  # --meshes: tests on other standard meshes (a check's own meshes, such as
-        # the TPU compile tier's slices of 16 to 256 chips, are not standard meshes and stay)
-        standard = {c.label for c in meshes.MESH_CONFIGS}
-        for item in items:
-            params = getattr(getattr(item, "callspec", None), "params", {})
-            mesh = params.get("mesh_config", params.get("conformance_mesh_config"))
-            label = getattr(mesh, "label", None)
-            if mesh is not None and label in standard and label not in wanted:
-                empty[id(item)] = item
     if empty:
         config.hook.pytest_deselected(items=list(empty.values()))
         items[:] = [i for i in items if id(i) not in empty]
-
-
-def _meshes_option(config: pytest.Config) -> set[str] | None:
-    """``--meshes`` as a set of labels (``None``: every mesh); an unknown label is a usage error."""
-    text = config.getoption("meshes")
-    if text is None:
-        return None
-    labels = {label.strip() for label in text.split(",") if label.strip()}
-    known = [c.label for c in meshes.MESH_CONFIGS]
-    unknown = sorted(labels - set(known))
-    if unknown or not labels:
-        what = ", ".join(unknown) or "no label"
-        raise pytest.UsageError(
-            f"--meshes={text}: {what} is not a standard mesh; the standard meshes are {', '.join(known)}"
-        )
-    return labels
 
 
 def _selected_platforms(items: list[pytest.Item]) -> set[str]:

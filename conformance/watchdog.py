@@ -35,9 +35,33 @@ class KernelHang(RuntimeError):
 
 
 def stuck_stacks() -> list[traceback.StackSummary]:
-    """The Python stack of every thread but this one and the main one (which waits on the kernel)."""
-    skip = {threading.get_ident(), threading.main_thread().ident}
-    return [traceback.extract_stack(f) for ident, f in sys._current_frames().items() if ident not in skip]
+    """The Python stack of every thread but this one; of the main one, which called the kernel, what
+    runs inside that call (:func:`inside_the_call`)."""
+    main = threading.main_thread().ident
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue
+        stack = traceback.extract_stack(frame)
+        if ident == main:
+            stack = inside_the_call(stack)
+        if stack:
+            stacks.append(stack)
+    return stacks
+
+
+def inside_the_call(stack: traceback.StackSummary) -> traceback.StackSummary:
+    """The frames ``stack`` runs inside :func:`run_guarded`'s call of the kernel, from the first of
+    JAX's inward: a program of one device runs on the calling thread (XLA:CPU executes it inline),
+    so a host callback of the kernel blocks there, in JAX's callback machinery; the kernel's own
+    Python around the call (an eager call's wrapper) is not where it is stuck."""
+    from conformance.blame import is_library_frame
+
+    frames = list(stack)
+    guarded = [i for i, f in enumerate(frames) if f.name == "run_guarded" and f.filename == __file__]
+    inner = frames[guarded[-1] + 1 :] if guarded else []
+    first_library = next((i for i, f in enumerate(inner) if is_library_frame(f)), None)
+    return traceback.StackSummary.from_list(inner[first_library:] if first_library is not None else [])
 
 
 def end_process(case: Case, stacks: list[traceback.StackSummary]) -> None:

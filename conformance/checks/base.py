@@ -116,8 +116,11 @@ class Axes:
 
     #: :data:`CASE_KINDS`.
     case: str = "fixed"
-    #: Mesh labels; ``None``: every standard mesh.
-    meshes: tuple[str, ...] | None = None
+    #: The meshes it runs on: a named set of standard meshes (``"standard"``: every one;
+    #: ``"covering"``: one of each kind, :data:`conformance.fixtures.meshes.MESH_SETS`), which
+    #: ``--meshes`` replaces; or labels of its own (the compile tiers' rings, on TPU and GPU
+    #: topologies), which ``--meshes`` leaves alone.
+    meshes: str | tuple[str, ...] = "standard"
     #: Both fixed shapes ("odd" and its "even" twin), or the odd one alone.
     shapes: bool = False
     #: The spec field whose dtypes the test runs at (``"dtypes"``, ``"accuracy_dtypes"``, ...);
@@ -132,7 +135,22 @@ class Axes:
     #: A spec field a family must set for the test to run there (e.g. ``"overlap"``).
     families_with: str | None = None
 
+    #: Where a test runs several variants of each mesh's case (both fixed shapes, both DMA modes),
+    #: the first (the odd shape, the ``on_wait`` DMA order) runs on every mesh of the test and the
+    #: others on this set's meshes only: what the other variants can find (a defect that needs an
+    #: even shape, the eager DMA order) does not turn on the mesh's kind, and each is a compile and
+    #: a run per mesh.
+    variants_on: str = "covering"
+    #: The shortest ring the check judges: a check of transfers has none to judge on a ring of one,
+    #: so its test is not parametrized there.
+    min_ring: int = 1
+
     def __post_init__(self) -> None:
+        from conformance.fixtures.meshes import MESH_SETS
+
+        for name in (self.meshes, self.variants_on):
+            if isinstance(name, str) and name not in MESH_SETS:
+                raise ValueError(f"Axes: mesh set {name!r} is not one of {sorted(MESH_SETS)}")
         if self.case not in CASE_KINDS:
             raise ValueError(f"Axes.case {self.case!r} is not one of {CASE_KINDS}")
         unknown = set(self.implementations) - set(IMPLEMENTATION_PREDICATES)

@@ -34,7 +34,7 @@ from conformance.checks.tpu_schedule import TpuScheduleRecord, check_schedule, r
 from conformance.runner import Case
 
 #: The ring lengths the tier compiles for, the mesh labels of its cases.
-GPU_RINGS = (8, 16)
+GPU_RINGS = (8, 16, 24)
 GPU_MESHES = tuple(f"{n}-x-explicit" for n in GPU_RINGS)
 
 

@@ -10,7 +10,8 @@ collective is never hidden. Loops count per trip (:func:`conformance.hlo.schedul
 
 The scheduler decides by its cost model, so the check compiles a ladder of realistic bfloat16 sizes
 (the family's ``schedule_ladder``: per-hop transfers of 256 KiB to 4 MiB) on a v5e and a v6e slice of
-8 and of 16 chips. Where this verdict and the dataflow's disagree, this one is the TPU verdict.
+8 and of 16 chips, and on a 3-D v5p slice of 12. Where this verdict and the dataflow's disagree, this
+one is the TPU verdict.
 """
 
 from __future__ import annotations
@@ -30,8 +31,14 @@ from conformance.checks.overlap import PALLAS_OVERLAP
 from conformance.runner import Case
 
 #: The slices each ring length compiles for: one TPU generation with 4 ICI links per chip (v5e) and
-#: the next (v6e), whose schedulers' cost models differ.
-SCHEDULE_TOPOLOGIES: dict[int, tuple[str, ...]] = {8: ("v5e:2x4", "v6e:2x4"), 16: ("v5e:4x4", "v6e:4x4")}
+#: the next (v6e), whose schedulers' cost models differ, at 8 and 16 chips; and a ring of 12 over a
+#: 3-D v5p slice (2x2x3; ``jax.make_mesh`` threads the ring through the torus), the ring length that
+#: is no power of two and the topology that is 3-D.
+SCHEDULE_TOPOLOGIES: dict[int, tuple[str, ...]] = {
+    8: ("v5e:2x4", "v6e:2x4"),
+    12: ("v5p:2x2x3",),
+    16: ("v5e:4x4", "v6e:4x4"),
+}
 #: The mesh labels of the check's cases: a 1-D ring of each length in :data:`SCHEDULE_TOPOLOGIES`.
 SCHEDULE_MESHES = tuple(f"{n}-x-explicit" for n in SCHEDULE_TOPOLOGIES)
 

@@ -48,6 +48,9 @@ def check_output_sharding(case: Case) -> None:
                 f"got            : {got_spec}  ({type(out.sharding).__name__})",
             ],
         )
+    typed = _typed_spec_mismatch(case, out, expected_sharding, ndim)
+    if typed:
+        raise fail(case, "output_sharding", "the result's typed sharding differs from the spec", typed)
     index_map = expected_sharding.devices_indices_map(tuple(case.out_shape))
     holders = {s.device for s in out.addressable_shards}
     mine = jax.process_index()  # in a multi-process job, each rank judges the devices it addresses
@@ -67,6 +70,34 @@ def check_output_sharding(case: Case) -> None:
                 ],
             )
     compare_with_reference(case, "output_sharding", out, inputs64)
+
+
+def _spec_entries(spec: object, ndim: int) -> tuple:
+    """A ``PartitionSpec``'s entries, one per dim (a 1-tuple of axes as its axis, ``None`` padded)."""
+    entries = [e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in tuple(spec)]
+    return tuple(entries + [None] * (ndim - len(entries)))
+
+
+def _typed_spec_mismatch(
+    case: Case, out: jax.Array, expected: jax.sharding.NamedSharding, ndim: int
+) -> list[str]:
+    """On an Explicit mesh a result's sharding is part of its type (``jax.typeof(out)``): what every
+    later op and ``jax.vjp``'s cotangent are held to. Two specs that lay out the same blocks only
+    because an axis has size 1 (``P('x')`` and ``P()`` on a ring of one) are equivalent as placements
+    and different types. The lines saying so, or none."""
+    if case.mesh.axis_type != "explicit":
+        return []
+    got = getattr(out.sharding, "spec", None)
+    if got is None or _spec_entries(got, ndim) == _spec_entries(expected.spec, ndim):
+        return []
+    size_one = [n for n, s in zip(case.mesh.axis_names, case.mesh.shape, strict=True) if s == 1]
+    return [
+        f"expected       : {expected.spec} (the type of the result on this Explicit mesh)",
+        f"got            : {got}",
+        "the same blocks on these devices"
+        + (f" only because axis {', '.join(map(repr, size_one))} has size 1" if size_one else "")
+        + "; the types differ, and a caller's jax.vjp with a cotangent of the spec's sharding raises",
+    ]
 
 
 def check_dtype(case: Case) -> None:
@@ -135,11 +166,12 @@ def check_eager(case: Case) -> None:
     compare_with_reference(case, "eager", eager_out, inputs64, subject="outside jax.jit the values differ")
 
 
-#: The eager check's meshes: a ring of 2 on an Auto mesh and a ring of 4 on an Explicit 2-D one (in a
-#: job each spans the processes). What it catches is the kernel's Python on concrete arrays, which no
-#: longer ring shows more of; outside jit a shard_map body runs op by op (15 s for a bidirectional ring
-#: of 8 here), so not every mesh.
-EAGER_MESHES = ("2-x-auto", "4x2-x-explicit")
+#: The eager check's meshes: a ring of 2 on an Auto mesh and one on the first axis of an Explicit 2-D
+#: mesh, which in a job of two processes is the axis across them, so that no process holds every
+#: block of an operand. What it catches is the kernel's Python on concrete arrays, which no longer
+#: ring shows more of; outside jit a shard_map body runs op by op (15 s for a bidirectional ring of 8
+#: here), so not every mesh.
+EAGER_MESHES = ("2-x-auto", "2x4-x-explicit")
 
 CHECKS = (
     Check(
@@ -152,7 +184,14 @@ CHECKS = (
     Check(
         "tpu_native_values",
         check_values,
-        axes=Axes(case="tpu_native", platforms=False, dtypes="dtypes", implementations=("pallas",)),
+        # every dtype on one mesh of each kind: a DMA window's bytes turn on the dtype, not the ring
+        axes=Axes(
+            case="tpu_native",
+            meshes="covering",
+            platforms=False,
+            dtypes="dtypes",
+            implementations=("pallas",),
+        ),
         doc="At the TPU-native dims (the DMA windows a chip runs), exact under interpret mode's on_wait "
         "DMAs.",
     ),
@@ -160,8 +199,11 @@ CHECKS = (
     Check(
         "dtype",
         check_dtype,
-        axes=Axes(shapes=True, dtypes="dtypes"),
-        doc="Every dtype of the spec on every mesh at both fixed shapes: the result and each shard keep it.",
+        # every dtype at both fixed shapes on one mesh of each kind; the values check draws dtypes on
+        # every mesh, so a dtype that goes wrong on one ring alone still meets it
+        axes=Axes(meshes="covering", shapes=True, dtypes="dtypes"),
+        doc="Every dtype of the spec on one mesh of each kind at both fixed shapes: the result and each "
+        "shard keep it.",
     ),
     Check("determinism", check_determinism, axes=Axes(shapes=True)),
     Check(

@@ -106,13 +106,15 @@ class CollectiveOp:
         return 0
 
     def received_bytes(self, device: int | None = None) -> int:
-        """Bytes one execution of this op delivers to ``device`` (any target if ``None``)."""
+        """Bytes one execution of this op delivers to ``device`` (any target if ``None``) from another
+        device: a pair whose source is its target (a ring of one's shift, which XLA keeps as a
+        collective-permute) moves nothing between devices."""
         if self.phase == "done":
             return 0  # counted once, at the start
         if self.kind == "collective-permute":
-            if self.source_target_pairs is not None and device is not None:
-                targets = {t for _, t in self.source_target_pairs}
-                if device not in targets:
+            if self.source_target_pairs is not None:
+                crossing = {t for s, t in self.source_target_pairs if s != t}
+                if not crossing or (device is not None and device not in crossing):
                     return 0
             data = self.operand_shapes[:1] if self.phase == "start" else self.operand_shapes
             return sum(s.nbytes for s in data)

@@ -112,6 +112,12 @@ def _pipelined_loop_ring_kernel(x_ref, o_ref, send_sems, recv_sems, copy_sem, *,
     lax.fori_loop(0, 2 * (n - 1), half_step, 0)
 
 
+def _a_neighbour(*, dims, dtype, axis_size, mesh_shape) -> str | None:
+    """The loop rings' claim: a ring with a neighbour (their semaphore arrays have n - 1 entries, as in
+    JAX's Pallas TPU tutorial: none on a ring of one, where the loop never starts)."""
+    return "a ring of one (the loop's n - 1 DMA semaphores would be none)" if axis_size == 1 else None
+
+
 def _ring(kernel_body, x, *, mesh, axis_name, interpret):
     n = mesh.shape[axis_name]
     shard = (x.shape[0] // n, *x.shape[1:])
@@ -141,6 +147,7 @@ def _ring(kernel_body, x, *, mesh, axis_name, interpret):
     "all_gather",
     name="correct_pallas_ring_pipelined_loop",
     pallas=True,
+    supports=_a_neighbour,
     description="a fori_loop ring in start/wait half-steps, indexing with // and % on traced integers",
 )
 def correct_pallas_ring_pipelined_loop(x, *, mesh, axis_name, interpret=False):
@@ -151,6 +158,7 @@ def correct_pallas_ring_pipelined_loop(x, *, mesh, axis_name, interpret=False):
     "all_gather",
     name="correct_pallas_ring_default_barrier",
     pallas=True,
+    supports=_a_neighbour,
     description="a fori_loop ring with no barrier of its own (JAX's default device barrier)",
 )
 def correct_pallas_ring_default_barrier(x, *, mesh, axis_name, interpret=False):

@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from conformance import claims, registry
-from conformance.fixtures.meshes import MESH_CONFIGS, parse_mesh
+from conformance.checks.tpu_pod import POD_MESHES
+from conformance.checks.tpu_schedule import SCHEDULE_MESHES
+from conformance.checks.values import EAGER_MESHES
+from conformance.fixtures.meshes import STANDARD_MESHES, parse_mesh
 from conformance.selftest import subprocess_env
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
@@ -148,14 +151,14 @@ def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) 
     by = {o["id"]: o for o in document["outcomes"]}
     assert by["all_gather/opt_gather/determinism/2-x-auto/cpu/odd"]["outcome"] == "xpassed"
     assert by["all_gather/opt_gather/determinism/4-x-auto/cpu/odd"]["outcome"] == "skipped"
-    assert by["all_gather/opt_gather/dtype/2-x-auto/cpu/int8/odd"]["outcome"] == "not_claimed"
-    assert by["all_gather/opt_gather/dtype/2-x-auto/cpu/int32/odd"]["outcome"] == "passed"
+    assert by["all_gather/opt_gather/dtype/5-x-explicit/cpu/int8/odd"]["outcome"] == "not_claimed"
+    assert by["all_gather/opt_gather/dtype/5-x-explicit/cpu/int32/odd"]["outcome"] == "passed"
     assert document["known_failures"]["stale"] == [
         {"file": "xfails.txt", "line": 3, "pattern": "all_gather/opt_gather/no_such_check/*", "kind": "xfail"}
     ]
     assert document["counts"]["xpassed"] == 1 and document["counts"]["failed"] == 0, document["counts"]
     junit = (tmp_path / "junit.xml").read_text()  # ids, cases and replay lines reach JUnit; tables too
-    assert 'name="conformance_id" value="all_gather/opt_gather/dtype/2-x-auto/cpu/int32/odd"' in junit
+    assert 'name="conformance_id" value="all_gather/opt_gather/dtype/5-x-explicit/cpu/int32/odd"' in junit
     assert 'name="replay" value="python -m conformance replay dtype all_gather opt_gather' in junit
     assert 'name="conformance: forward: bytes received per device' in junit
 
@@ -167,33 +170,62 @@ def test_impl_filters_the_suites_fixed_tests(tmp_path: Path) -> None:
     assert ids and all("opt_gather" in i for i in ids), [i for i in ids if "opt_gather" not in i][:5]
 
 
-def test_meshes_keeps_the_tests_on_those_meshes_and_every_test_without_one(tmp_path: Path) -> None:
+def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tmp_path: Path) -> None:
+    """``--meshes`` takes any mesh the run's devices hold (standard or not: a ring of 6, a 3-D mesh):
+    every test over a set of standard meshes runs on exactly those, in all its variants; a check's own
+    meshes (eager's two, the compile tiers' rings) and the tests without a mesh stay."""
     done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather,xla_device_put", "--collect-only")
     every = {line for line in done.stdout.splitlines() if "::" in line}
+    wanted = ("6-x-auto", "2x2x2-z-explicit")
     done = _pytest(
         tmp_path,
         "-m",
         "cpu",
         "--impl=opt_gather,xla_device_put",
-        "--meshes=4-x-explicit, 2x4-y-auto",
+        f"--meshes={wanted[0]}, {wanted[1]}",
         "--collect-only",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     kept = {line for line in done.stdout.splitlines() if "::" in line}
-    labels = [c.label for c in MESH_CONFIGS]
+    labels = [*STANDARD_MESHES, *wanted, *EAGER_MESHES, *SCHEDULE_MESHES, *POD_MESHES]
 
     def on(test_id: str) -> set[str]:
         return {label for label in labels if f"-{label}-" in test_id or f"-{label}]" in test_id}
 
-    assert kept and kept < every
-    assert {t for t in every if on(t) <= {"4-x-explicit", "2x4-y-auto"}} == kept  # the others: no mesh
-    assert {"4-x-explicit", "2x4-y-auto"} <= {m for t in kept for m in on(t)}
-    assert [t for t in kept if not on(t)], "the tests that take no standard mesh (send_recv's) must stay"
-    done = _pytest(tmp_path, "-m", "cpu", "--meshes=4-x-explicit,3-x-auto", "--collect-only")
+    def own(test_id: str) -> bool:  # a check with meshes of its own
+        return any(
+            f"::{name}[" in test_id
+            for name in ("test_eager", "test_tpu_schedule", "test_tpu_memory", "test_tpu_pod")
+        )
+
+    without = {t for t in every if not on(t)}
+    assert without and without <= kept, "the tests that take no mesh (send_recv's) must stay"
+    assert {t for t in every if own(t)} <= kept, "a check's own meshes stay"
+    standard = {t for t in kept if on(t) and not own(t)}
+    assert {m for t in standard for m in on(t)} == set(wanted), sorted(standard)[:5]
+    for mesh in wanted:  # both fixed shapes and every dtype on each mesh named, as on a covering mesh
+        assert any(f"test_dtype[opt_gather-{mesh}-even-int32" in t for t in kept), mesh
+        assert any(f"test_output_sharding[opt_gather-{mesh}-even" in t for t in kept), mesh
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist"])
+@pytest.mark.parametrize(
+    "meshes, says",
+    [
+        ("16-x-auto", "16-x-auto needs 16 devices; the suite's CPU run (8 simulated devices) has 8"),
+        ("6-q-auto", "mesh label '6-q-auto': axis 'q' is not one of ('x',)"),
+        ("4-x-atuo", "bad mesh label '4-x-atuo'"),
+        ("4-x-atuo", "did you mean 4-x-auto"),
+        ("3-x-auto-v5e", "no v5e device order is known for the mesh shape 3"),
+    ],
+)
+def test_a_mesh_the_run_cannot_build_is_a_usage_error(
+    tmp_path: Path, meshes: str, says: str, workers
+) -> None:
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", f"--meshes={meshes}", *workers)
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "--meshes=4-x-explicit,3-x-auto: 3-x-auto is not a standard mesh" in done.stderr, done.stderr[
-        -2000:
-    ]
+    assert says in done.stderr, done.stderr[-2000:]
+    assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
 
 
 def test_a_platform_without_backend_says_so_and_can_be_required(tmp_path: Path) -> None:

@@ -20,11 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from conformance.claims import NOT_CLAIMED
 from conformance.distributed import PALLAS_INTERPRET
-from conformance.fixtures.meshes import MESH_CONFIGS
+from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
 from conformance.selftest import (
     broken_kernels,
     broken_matmul_reduce_scatter_kernels,
+    broken_mesh_kernels,
     broken_overlap_kernels,
     broken_pallas_kernels,
     other_style_kernels,
@@ -34,7 +36,13 @@ from conformance.selftest.other_style_kernels import HOST_LIMIT
 pytestmark = pytest.mark.selftest
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKEN = (broken_kernels, broken_pallas_kernels, broken_matmul_reduce_scatter_kernels, broken_overlap_kernels)
+BROKEN = (
+    broken_kernels,
+    broken_pallas_kernels,
+    broken_matmul_reduce_scatter_kernels,
+    broken_overlap_kernels,
+    broken_mesh_kernels,
+)
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
 EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
@@ -70,9 +78,16 @@ BUILTINS = {
     "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
     "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
 }
-#: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of 4 and
-#: a 2-D mesh and the longest ring, plus the mesh-less tests.
-SUBSET_MESHES = ("4-x-explicit", "2x4-y-auto", "8-x-explicit")
+#: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of one, an
+#: odd ring, a 2-D mesh in a TPU slice's order, a 3-D mesh and a reversed ring of 8, plus the mesh-less
+#: tests. Each broken kernel of the versions scope meets the mesh meant to catch it among these.
+SUBSET_MESHES = (
+    "1-x-explicit",
+    "5-x-explicit",
+    "2x4-y-auto-v5e",
+    "2x2x2-x-explicit",
+    "8-x-explicit-reversed",
+)
 #: (the eager check runs on meshes of its own, family_tests.EAGER_MESHES: all of them)
 BUILTIN_SUBSET = (
     " or ".join(f"-{m}" for m in SUBSET_MESHES) + " or test_tpu_layout or test_eager or seed or tpu_refusals"
@@ -84,8 +99,21 @@ BUILTIN_SUBSET = (
 SCOPE = os.environ.get("CONFORMANCE_SELFTEST_SCOPE", "full")
 if SCOPE not in ("full", "versions"):
     raise ValueError(f"CONFORMANCE_SELFTEST_SCOPE={SCOPE!r}: expected 'full' or 'versions'")
-#: the meshes each kernel meets in this run
-MESHES_RUN = len(MESH_CONFIGS) if SCOPE == "full" else len(SUBSET_MESHES)
+
+
+def meshes_of(mesh_set: str, *, min_ring: int = 1) -> list[MeshConfig]:
+    """The meshes of the named set a kernel meets in this run (in the versions scope, the subset's),
+    of rings at least ``min_ring`` long."""
+    labels = [m for m in MESH_SETS[mesh_set] if SCOPE == "full" or m in SUBSET_MESHES]
+    return [c for c in map(parse_mesh, labels) if c.axis_size >= min_ring]
+
+
+def fixed_shape_tests(*, min_ring: int = 1) -> int:
+    """How many tests a check at both fixed shapes runs per kernel: the odd shape on every standard
+    mesh, the even one on the covering ones (``Axes.variants_on``)."""
+    return len(meshes_of("standard", min_ring=min_ring)) + len(meshes_of("covering", min_ring=min_ring))
+
+
 #: The end of every skip reason for a case this host cannot run (compat.interpret_mode_limit).
 CANNOT_RUN_HERE = "a TPU, more cores or a newer JAX can run the case"
 #: A defect that needs an odd shape: it fails the fixed-shape checks at the odd shape only.
@@ -218,15 +246,23 @@ def _host_limited(outcome: tuple[str, str]) -> bool:
     return outcome[0] == "skipped" and any(limit in outcome[1] for limit in HOST_LIMITS)
 
 
+def _not_claimed(outcome: tuple[str, str]) -> bool:
+    return outcome[0] == "skipped" and NOT_CLAIMED in outcome[1]
+
+
 @pytest.mark.parametrize("impl", sorted(EXPECTED_PASS))
 def test_correct_kernel_of_another_style_passes(verdicts, impl: str) -> None:
     tests = verdicts[impl]
     for test in sorted(EXPECTED_PASS[impl]):
         outcomes = tests.get(test)
         assert outcomes, f"{impl} did not run {test}"
-        # passed, or skipped because this host cannot try it (never failed for the host's limit)
-        bad = [o for o in outcomes if o[0] != "passed" and not _host_limited(o)]
+        # passed, or skipped because this host cannot try it (never failed for the host's limit), or
+        # not claimed by the kernel's own declaration (the loop rings claim no ring of one)
+        bad = [o for o in outcomes if o[0] != "passed" and not _host_limited(o) and not _not_claimed(o)]
         assert not bad, f"{impl} {test}: {bad[0][0]} (a false positive): {bad[0][1][:2000]}"
+        assert any(o[0] == "passed" for o in outcomes) or all(
+            _host_limited(o) or _not_claimed(o) for o in outcomes
+        ), outcomes
 
 
 @pytest.mark.parametrize("impl", sorted(broken_overlap_kernels.EXPECTED_PASS))
@@ -238,7 +274,9 @@ def test_an_overlap_defect_passes_every_other_check(verdicts, impl: str) -> None
         bad = [o for o in outcomes if o[0] != "passed"]
         assert not bad, f"{impl} {test}: {bad[0][0]}: {bad[0][1][:2000]}"
     rejected = verdicts[impl]["test_overlap"]
-    assert len(rejected) == 2 * MESHES_RUN and all(o == "failed" for o, _ in rejected), rejected
+    # overlap judges rings with a transfer: of 2 and more
+    assert len(rejected) == fixed_shape_tests(min_ring=2), rejected
+    assert all(o == "failed" for o, _ in rejected), rejected
 
 
 @pytest.mark.parametrize("impl", sorted(EXPECTED_REJECTION))
@@ -270,9 +308,12 @@ def test_truncating_kernel_fails_bad_inputs_on_every_mesh_type_for_its_real_reas
     """On an Explicit mesh JAX refuses replicated inputs before the kernel sees them, with a message
     that names the array's shape; the verdict must come from the kernel's own behaviour instead."""
     outcomes = verdicts["broken_truncates_indivisible_rows"]["test_bad_inputs"]
-    assert len(outcomes) == MESHES_RUN, outcomes  # every mesh, Auto and Explicit
-    for outcome, message in outcomes:
-        assert outcome == "failed", (outcome, message)
+    assert len(outcomes) == len(meshes_of("standard")), outcomes  # every mesh, Auto and Explicit
+    failed = [message for outcome, message in outcomes if outcome == "failed"]
+    # every size divides by a ring of one: there it has nothing to truncate, and passes
+    assert len(failed) == len(meshes_of("standard", min_ring=2)), outcomes
+    assert [o for o, _ in outcomes if o != "failed"] == ["passed"] * (len(outcomes) - len(failed)), outcomes
+    for message in failed:
         assert "returned a result of shape" in message, message
 
 
@@ -280,8 +321,9 @@ def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized
     verdicts, output = suite
     outcomes = verdicts[ODD_ROWS]["test_output_sharding"]
     names = [message for outcome, message in outcomes if outcome == "failed"]
-    assert len(outcomes) == 2 * MESHES_RUN, outcomes  # every mesh, at both fixed shapes
-    assert len(names) == MESHES_RUN, outcomes  # the odd half
+    assert len(outcomes) == fixed_shape_tests(), outcomes  # both fixed shapes
+    # the odd half, where there is a neighbour to send a row to (a ring of one drops nothing)
+    assert len(names) == len(meshes_of("standard", min_ring=2)), outcomes
     assert all("rows_per_shard=3" in message for message in names), names[0]
     summary = output[output.index("conformance failures by implementation") :]
     block = summary[summary.index(f"\nall_gather/{ODD_ROWS}:") :]
@@ -294,7 +336,7 @@ def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized
 
 def test_a_hang_beyond_the_watchdog_ends_with_a_verdict_and_the_kernel_is_not_run_again(verdicts) -> None:
     outcomes = verdicts["broken_pallas_blocks_beyond_the_watchdog"]["test_output_sharding"]
-    assert [o for o, _ in outcomes] == ["failed"] * 2 * MESHES_RUN, outcomes
+    assert [o for o, _ in outcomes] == ["failed"] * fixed_shape_tests(), outcomes
     first, *rest = (message for _, message in outcomes)
     assert "threads were stuck at" in first and "_wait_forever: _NEVER.wait()" in first, first
     assert all("not run again: it hung on" in message for message in rest), rest[0]

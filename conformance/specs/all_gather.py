@@ -36,13 +36,15 @@ def _shards_not_held(d: Dims, n: int, itemsize: int) -> int:
 
 def _bad_inputs(n: int) -> tuple[BadInput, ...]:
     rows_bad = 2 * n + 1
-    return (
+    divisibility = (
         BadInput(
             f"{rows_bad} rows not divisible by the axis size {n}",
             ((rows_bad, 128),),
             None,
             (str(rows_bad), str(n)),
         ),
+    )
+    unknown_axis = (
         BadInput(
             "axis_name 'nonexistent_axis' is not a mesh axis",
             ((n, 128),),
@@ -50,6 +52,8 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
             ("nonexistent_axis",),
         ),
     )
+    # every size is divisible by a ring of one: there the only forbidden input is the unknown axis
+    return (divisibility if n > 1 else ()) + unknown_axis
 
 
 ALL_GATHER = FamilySpec(

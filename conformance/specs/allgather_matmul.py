@@ -51,7 +51,7 @@ def _backward_bytes(d: Dims, n: int, itemsize: int) -> int:
 
 def _bad_inputs(n: int) -> tuple[BadInput, ...]:
     m_bad, n_bad, k = 2 * n + 1, 3 * n + 1, 4
-    return (
+    divisibility = (
         BadInput(
             f"M={m_bad} rows not divisible by the axis size {n}",
             ((m_bad, k), (k, n)),
@@ -64,6 +64,8 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
             None,
             (str(n_bad), str(n)),
         ),
+    )
+    unknown_axis = (
         BadInput(
             "axis_name 'nonexistent_axis' is not a mesh axis",
             ((n, k), (k, n)),
@@ -71,6 +73,8 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
             ("nonexistent_axis",),
         ),
     )
+    # every size is divisible by a ring of one: there the only forbidden input is the unknown axis
+    return (divisibility if n > 1 else ()) + unknown_axis
 
 
 ALLGATHER_MATMUL = FamilySpec(

@@ -51,7 +51,7 @@ def _partials_not_held(d: Dims, n: int, itemsize: int) -> int:
 
 def _bad_inputs(n: int) -> tuple[BadInput, ...]:
     m_bad, k_bad, cols = 2 * n + 1, 3 * n + 1, 4
-    return (
+    divisibility = (
         BadInput(
             f"M={m_bad} rows not divisible by the axis size {n}",
             ((m_bad, n), (n, cols)),
@@ -64,6 +64,8 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
             None,
             (str(k_bad), str(n)),
         ),
+    )
+    unknown_axis = (
         BadInput(
             "axis_name 'nonexistent_axis' is not a mesh axis",
             ((n, n), (n, cols)),
@@ -71,6 +73,8 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
             ("nonexistent_axis",),
         ),
     )
+    # every size is divisible by a ring of one: there the only forbidden input is the unknown axis
+    return (divisibility if n > 1 else ()) + unknown_axis
 
 
 MATMUL_REDUCE_SCATTER = FamilySpec(

@@ -65,8 +65,15 @@ run: a shard whose minor dims do not fill whole tiles (odd rows, fewer than
 128 columns), a 1-D shard, and bool or 64-bit elements. Under interpret mode
 every shape runs, odd and 1-row shards split ``ceil``/``floor``.
 
-Limits. One mesh axis per call; the other axes of a 2-D mesh are replicated and
-addressed by their own coordinates. Input and output stay in HBM (``pl.ANY``)
+A ring of one (a mesh axis of size 1) runs no kernel: each device's shard is
+already the whole array. It still goes through the same ``shard_map``, so the
+result is typed replicated, ``P()``, as on every other ring. Returning ``x``
+itself (the seed kernel's ``if axis size == 1: return x``) keeps ``x``'s
+sharding: on an Explicit mesh the result is then typed as sharded over the
+axis, equal in value, and ``jax.vjp`` rejects the family's replicated cotangent.
+
+Limits. One mesh axis per call; the other axes of a 2-D or 3-D mesh are
+replicated and addressed by their own coordinates. Input and output stay in HBM (``pl.ANY``)
 and are touched only by DMAs (no VMEM, so no VMEM capacity limit); the kernel
 uses 9 DMA semaphores, 2 regular ones and one barrier semaphore
 (``collective_id=0``) on any ring, and compiles for a v5e slice of 256 chips.
@@ -297,9 +304,7 @@ def _all_gather(
     shard_shape = (x.shape[0] // n, *x.shape[1:])
     if not interpret:
         refuse_what_a_tpu_cannot_do(name, shard_shape, x.dtype)
-    if n == 1:
-        return x
-    in_flight = min(in_flight or n - 1, n - 1)
+    in_flight = max(1, min(in_flight or n - 1, n - 1))
     right_rows, left_rows = row_split(
         shard_shape, x.dtype, bidirectional=bidirectional, for_tpu=not interpret
     )
@@ -313,6 +318,8 @@ def _all_gather(
     )
 
     def per_device(shard: jax.Array) -> jax.Array:
+        if n == 1:  # a ring of one holds the whole array: nothing to move, no kernel to run
+            return shard
         gathered = pl.pallas_call(
             kernel,
             out_shape=jax.ShapeDtypeStruct((n, *shard.shape), shard.dtype),

@@ -32,7 +32,11 @@ def _one_shard(d, n, itemsize):
 
 
 def _bad_inputs(n):
+    """Inputs the family forbids on a ring of ``n``; every size divides by a ring of one, so none there
+    (the suite checks rings of 1 to 8, and reports the check not judged where a family forbids none)."""
     rows = 2 * n + 1
+    if n == 1:
+        return ()
     return (
         specs.BadInput(
             f"{rows} rows not divisible by the axis size {n}", ((rows, 128),), None, (str(rows), str(n))

@@ -1,0 +1,106 @@
+"""The plugin's meshes: ``--meshes``, and the parametrization of a test over its meshes.
+
+``--meshes=LABEL[,LABEL...]`` takes any mesh the run's devices can hold (``6-x-auto``,
+``2x2x2-z-explicit``, ``8-x-explicit-reversed``; :func:`conformance.fixtures.meshes.parse_mesh`) and
+replaces every named set of standard meshes with it; it is read once, in ``pytest_configure``, so a
+bad label is one usage error before any pytest-xdist worker starts. A test over meshes takes them
+from its :class:`~conformance.checks.base.Axes`: a named set, or labels of its own.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import os
+import re
+
+import pytest
+
+from conformance import distributed
+from conformance.checks.base import Axes
+from conformance.fixtures import devices as devices_lib
+from conformance.fixtures import meshes, pytest_fixtures
+from conformance.specs.base import FIXED_SHAPES
+
+
+def meshes_option(config: pytest.Config) -> tuple[meshes.MeshConfig, ...] | None:
+    """``--meshes`` as the meshes it names (``None``: not given). Any mesh label is accepted that the
+    run's devices can hold; a label that names no mesh, or a mesh larger than the run's devices, is a
+    usage error saying why (checked once, before any worker starts)."""
+    text = config.getoption("meshes")
+    if text is None:
+        return None
+    labels = list(dict.fromkeys(label.strip() for label in text.split(",") if label.strip()))
+    if not labels:
+        raise pytest.UsageError(f"--meshes={text!r} names no mesh; e.g. {meshes.LABEL_EXAMPLES}")
+    configs, problems = [], []
+    for label in labels:
+        try:
+            configs.append(meshes.parse_mesh(label))
+        except ValueError as e:
+            close = difflib.get_close_matches(label, meshes.STANDARD_MESHES, n=3)
+            problems.append(f"{e}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    devices, where = _devices_for_meshes(config)
+    if devices is not None:
+        problems += [
+            f"{c.label} needs {c.num_devices} devices; {where} has {devices}"
+            for c in configs
+            if c.num_devices > devices
+        ]
+    if problems:
+        raise pytest.UsageError(f"--meshes={text}: " + "; ".join(problems))
+    return tuple(configs)
+
+
+def _devices_for_meshes(config: pytest.Config) -> tuple[int | None, str]:
+    """How many devices a mesh of this run may take, and where they are; ``None`` where that is not
+    known before the backend starts (a job of another launcher; a GPU or TPU run, whose devices are
+    the host's: a mesh it cannot hold skips there, naming what it needs)."""
+    if distributed.launched():
+        from conformance import launch
+
+        processes, per_process = (
+            os.environ.get(launch.NUM_PROCESSES),
+            os.environ.get(launch.DEVICES_PER_PROCESS),
+        )
+        if processes and per_process:
+            return int(processes) * int(per_process), f"this job of {processes} x {per_process} devices"
+        return None, ""
+    if config.getoption("distributed"):
+        return None, ""
+    targets = f"{config.getoption('markexpr') or ''} {config.getoption('require_backend') or ''}"
+    if re.search(r"\b(gpu|tpu)\b", targets):
+        return None, ""
+    count = devices_lib.CPU_DEVICE_COUNT
+    return count, f"the suite's CPU run ({count} simulated devices)"
+
+
+#: The variants a test may run of each mesh's case, the first of each the one every mesh runs
+#: (:attr:`conformance.checks.base.Axes.variants_on`): the adversarial DMA order, the odd shape.
+_VARIANTS = (("dma_mode", ("on_wait", "eager")), ("shape", FIXED_SHAPES))
+
+
+def parametrize_meshes(metafunc: pytest.Metafunc, axes: Axes) -> None:
+    """``mesh_config`` (with ``dma_mode`` and ``shape`` where the test takes them) over the test's
+    meshes: its named set, or the ones ``--meshes`` names instead, or its own; the first variant on
+    every one of them, the other variants on :attr:`Axes.variants_on`'s meshes of them."""
+    if isinstance(axes.meshes, str):
+        configs = pytest_fixtures.mesh_set(metafunc.config, axes.meshes)
+        second = {c.label for c in pytest_fixtures.mesh_set(metafunc.config, axes.variants_on)}
+    else:  # a check's own meshes (the compile tiers' rings): --meshes leaves them alone
+        configs = tuple(map(meshes.parse_mesh, axes.meshes))
+        second = {c.label for c in configs}
+    configs = tuple(c for c in configs if c.axis_size >= axes.min_ring)
+    taken = [(name, values) for name, values in _VARIANTS if name in metafunc.fixturenames]
+    combos = list(itertools.product(*(values for _, values in taken)))
+    params = [
+        (config, *combo)
+        for config in configs
+        for i, combo in enumerate(combos)
+        if i == 0 or config.label in second
+    ]
+    metafunc.parametrize(
+        ["mesh_config", *(name for name, _ in taken)],
+        params,
+        ids=["-".join([config.label, *combo]) for config, *combo in params],
+    )
