@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from conformance import runner, specs
+from conformance import registry, runner
 from conformance.runner import Case
+from conformance.specs.base import BATCH_DIM
 
 #: Where a run log keeps the benchmark rows of its run (:meth:`conformance.results.RunLog.add_records`).
 SOURCE = "benchmark"
@@ -67,13 +68,17 @@ def size_ladder(spec: str) -> list[int]:
     return sizes
 
 
-def dims_for(family: str, shard_bytes: int, itemsize: int = 4) -> dict[str, int]:
+def dims_for(family: str, impl: str, shard_bytes: int, itemsize: int = 4) -> dict[str, int]:
     """The family's dims for a device's input shard of about ``shard_bytes``: its first dim (the rows
     of the shard) filling what 128 of each other dim leaves (lanes 128 wide, a matmul's other dims
-    128 too)."""
+    128 too; a batched kernel's batch 1)."""
     rows = max(1, shard_bytes // (128 * itemsize))
-    spec = specs.get(family)
-    return {name: rows if i == 0 else 128 for i, name in enumerate(spec.dims)}
+    spec = registry.spec_of(family, impl)
+    dims = [name for name in spec.dims if name != BATCH_DIM]
+    return {
+        **({BATCH_DIM: 1} if BATCH_DIM in spec.dims else {}),
+        **{n: rows if i == 0 else 128 for i, n in enumerate(dims)},
+    }
 
 
 def size_bytes(case: Case) -> int:

@@ -93,7 +93,12 @@ def canonical_case(
 def accuracy_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype: str) -> Case:
     case = canonical_case(family, impl, platform, mesh, dtype)
     dims = claims.adapt(
-        family, impl, platform=platform, mesh=mesh, dtype=dtype, dims=specs.get(family).accuracy_dims or {}
+        family,
+        impl,
+        platform=platform,
+        mesh=mesh,
+        dtype=dtype,
+        dims=registry.spec_of(family, impl).accuracy_dims or {},
     )
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=case.dma_mode)
 
@@ -101,7 +106,7 @@ def accuracy_case(family: str, impl: str, platform: str, mesh: MeshConfig, dtype
 def tpu_native_case(family: str, impl: str, mesh: MeshConfig, dtype: str) -> Case:
     """The family's TPU-native dims, adapted to what ``impl`` claims, in the on_wait DMA order on CPU;
     a skip where interpret mode cannot hold the case on this host."""
-    spec = specs.get(family)
+    spec = registry.spec_of(family, impl)
     dims = claims.adapt(
         family, impl, platform="cpu", mesh=mesh, dims=spec.tpu_native_dims or spec.canonical_dims, dtype=dtype
     )
@@ -178,7 +183,7 @@ def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_se
     """Lowered for TPU chips at every tile-edge shape: refused with the constraint named, or
     lowered to DMA windows and buffers a TPU compiler accepts; the TPU-native shape accepted."""
     shapes, not_claimed = [], []
-    for dims in strategies.tpu_layout_dims(family):
+    for dims in strategies.tpu_layout_dims(family, implementation):
         why = claims.reason(
             family, implementation, platform="tpu", mesh=TPU_LAYOUT_MESH, dims=dims, dtype=dtype
         )
@@ -202,7 +207,9 @@ def test_tpu_schedule(
 ) -> None:
     """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's
     ladder (bfloat16): every transfer but one per ring direction has a matmul scheduled inside it."""
-    cases = claimed_tpu_cases(family, implementation, mesh_config, specs.get(family).schedule_ladder)
+    cases = claimed_tpu_cases(
+        family, implementation, mesh_config, registry.spec_of(family, implementation).schedule_ladder
+    )
     run_gathered(checks.CHECKS["tpu_schedule"], cases, conformance_session, what="sizes")
 
 
@@ -217,7 +224,9 @@ def test_tpu_memory(
 ) -> None:
     """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's
     ladder (bfloat16): peak memory per chip within a stated ratio of the baseline's."""
-    cases = claimed_tpu_cases(family, implementation, mesh_config, tpu_memory.memory_dims(family))
+    cases = claimed_tpu_cases(
+        family, implementation, mesh_config, tpu_memory.memory_dims(family, implementation)
+    )
     run_gathered(checks.CHECKS["tpu_memory"], cases, conformance_session, what="sizes")
 
 
@@ -232,7 +241,9 @@ def test_tpu_pod(
 ) -> None:
     """Compiled by the real TPU compiler for a whole v5e slice of 64 and of 256 chips at the family's
     TPU-native dims (bfloat16), or refused by the kernel naming its limit."""
-    cases = claimed_tpu_cases(family, implementation, mesh_config, [specs.get(family).tpu_native_dims or {}])
+    cases = claimed_tpu_cases(
+        family, implementation, mesh_config, [registry.spec_of(family, implementation).tpu_native_dims or {}]
+    )
     run_gathered(checks.CHECKS["tpu_pod"], cases, conformance_session, what="pod slices")
 
 
@@ -244,7 +255,7 @@ def test_gpu_schedule(
 ) -> None:
     """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): every
     transfer but one per ring direction has a matmul scheduled inside it."""
-    sizes = specs.get(family).schedule_ladder
+    sizes = registry.spec_of(family, implementation).schedule_ladder
     cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
     run_gathered(checks.CHECKS["gpu_schedule"], cases, conformance_session, what="sizes")
 
@@ -259,7 +270,7 @@ def test_gpu_memory(
 ) -> None:
     """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): peak
     memory per GPU within a stated ratio of the baseline's."""
-    sizes = tpu_memory.memory_dims(family)
+    sizes = tpu_memory.memory_dims(family, implementation)
     cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
     run_gathered(checks.CHECKS["gpu_memory"], cases, conformance_session, what="sizes")
 
@@ -274,7 +285,7 @@ def test_gpu_bytes(
 ) -> None:
     """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): the
     forward and backward passes use only the family's collectives, within its byte bound."""
-    sizes = tpu_memory.memory_dims(family)
+    sizes = tpu_memory.memory_dims(family, implementation)
     cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
     run_gathered(checks.CHECKS["gpu_bytes"], cases, conformance_session, what="sizes")
 

@@ -278,9 +278,10 @@ def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> Any:
     executable cannot be read back; :mod:`conformance.target_compiles` keeps what the checks read
     instead); with :data:`COMPILE_OPTIONS`."""
     compiler = f"XLA:GPU {plugin_version()} jaxlib {jax.__version__} mocked {mock_topology()}"
+    traced = jax.jit(fn).trace(*args)  # what raises here is the kernel's own, raised while tracing
     try:
         with compilation_cache.bypassed():
-            lowered = jax.jit(fn).lower(*args)
+            lowered = traced.lower()
             return target_compiles.compile_lowered(
                 lowered, compiler=compiler, devices=target_compiles.device_ids(args), options=COMPILE_OPTIONS
             )

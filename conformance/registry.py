@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
+
+from conformance import dtypes as dtypes_lib
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,7 +76,9 @@ class Implementation:
     #: It supports ``jax.vjp``: the suite checks its gradients against numpy
     #: and audits the collectives of its backward pass.
     differentiable: bool = False
-    #: Dtype names it claims (``None``: every dtype of the family).
+    #: Dtype names it claims (``None``: every dtype of the family but its mixed-precision pairs,
+    #: :mod:`conformance.dtypes`, which a kernel claims by naming them: it is then called with
+    #: ``out_dtype=``).
     dtypes: tuple[str, ...] | None = None
     #: Platforms it claims, of cpu/gpu/tpu (``None``: every platform).
     platforms: tuple[str, ...] | None = None
@@ -122,6 +127,11 @@ class Implementation:
             return f"platform {platform} (claims {', '.join(self.platforms)})"
         if self.dtypes is not None and dtype not in self.dtypes:
             return f"dtype {dtype} (claims {', '.join(self.dtypes)})"
+        if self.dtypes is None and dtypes_lib.is_mixed(dtype):
+            return (
+                f"dtype {dtype}: {dtypes_lib.describe(dtype)}, which a kernel takes with out_dtype= and "
+                "claims by naming it in register(dtypes=...)"
+            )
         if self.supports is None:
             return None
         reason = self.supports(dims=dict(dims), dtype=dtype, axis_size=axis_size, mesh_shape=dict(mesh_shape))
@@ -316,3 +326,25 @@ class NotRegistered(KeyError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+def spec_of(family: str, impl: str) -> Any:
+    """The spec ``impl``'s cases are held to: its family's, or the family's batched form
+    (:meth:`conformance.specs.FamilySpec.batched`) for a kernel registered with ``batch_dims=1``; the
+    family's for a name no module registered (a replay's, a report's)."""
+    from conformance import specs
+
+    spec = specs.get(family)
+    record = _REGISTRY.get(family, {}).get(impl)
+    if record is None or not record.options.get("batch_dims", 0):
+        return spec
+    return _batched(family, id(spec))
+
+
+@functools.lru_cache(maxsize=16)
+def _batched(family: str, spec_id: int) -> Any:
+    """The batched form of the family's spec (``spec_id``: the spec's identity, so that a family
+    added again is derived again)."""
+    from conformance import specs
+
+    return specs.get(family).batched()

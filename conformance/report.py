@@ -14,7 +14,7 @@ import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-from conformance import results, specs
+from conformance import registry, results
 from conformance.specs.base import FIXED_SHAPES
 
 #: Causes listed per implementation before the rest are counted.
@@ -37,11 +37,11 @@ def _dims_text(dims: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.items())
 
 
-def _shape_line(family: str, outcomes: list[results.Outcome]) -> list[str]:
+def _shape_line(family: str, impl: str, outcomes: list[results.Outcome]) -> list[str]:
     fixed = [v for v in outcomes if v.shape in FIXED_SHAPES]
     if not fixed:
         return []
-    spec, parts, failed = specs.get(family), [], {}
+    spec, parts, failed = registry.spec_of(family, impl), [], {}
     for shape in FIXED_SHAPES:
         ran = [v for v in fixed if v.shape == shape]
         failed[shape] = sum(v.outcome == "failed" for v in ran)
@@ -74,7 +74,7 @@ def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
             continue
         passed = sum(o.outcome in PASSED for o in group)
         lines.append(f"{family}/{impl}: {len(failures)} failed, {passed} passed")
-        lines += _shape_line(family, group)
+        lines += _shape_line(family, impl, group)
         causes: dict[str, list[results.FailureCause]] = defaultdict(list)
         for v in failures:  # one cause: one verdict line, whichever checks gave it
             causes[v.what or f"{v.check}: no verdict line (see the test's report)"].append(v)

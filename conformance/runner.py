@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from conformance import compat, mosaic, registry, specs, tolerances, watchdog
+from conformance import compat, dtypes, mosaic, registry, tolerances, watchdog
 from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 from conformance.specs.base import FamilySpec
 
@@ -56,7 +56,7 @@ class Case:
         seed: int = 0,
         dma_mode: str | None = None,
     ) -> Case:
-        spec = specs.get(family)
+        spec = registry.spec_of(family, impl)
         if dma_mode not in (None, *DMA_MODES):
             raise ValueError(f"dma_mode {dma_mode!r} is not one of {DMA_MODES}")
         missing = set(spec.dims) - set(dims)
@@ -68,7 +68,7 @@ class Case:
 
     @property
     def spec(self) -> FamilySpec:
-        return specs.get(self.family)
+        return registry.spec_of(self.family, self.impl)
 
     @property
     def implementation(self) -> registry.Implementation:
@@ -143,7 +143,7 @@ class Case:
         return [
             f"implementation : {self.impl}  (family {self.family})",
             f"mesh           : {self.mesh.describe()} on {self.platform}",
-            f"dtype          : {self.dtype}",
+            f"dtype          : {dtypes.describe(self.dtype)}",
             f"shapes         : {ins} -> out{list(self.out_shape)} {spec.out_spec(axis)}",
             f"dims           : {', '.join(f'{k}={v}' for k, v in self.dims)}",
             *(
@@ -160,7 +160,8 @@ DMA_MODES = ("eager", "on_wait")
 
 
 def np_dtype(dtype: str) -> np.dtype:
-    return np.dtype(jnp.dtype(dtype))
+    """The numpy dtype of a case's operands (of a mixed-precision pair, the narrow one)."""
+    return dtypes.operand_np(dtype)
 
 
 def make_inputs(case: Case) -> tuple[np.ndarray, ...]:
@@ -220,14 +221,17 @@ def bound(
     axis_name: str,
     dma_mode: str | None = None,
     detect_races: bool = False,
+    dtype: str = "",
 ) -> Any:
     """The implementation with its static keywords bound: a function of the operands alone.
 
     A Pallas kernel on CPU gets ``interpret=InterpretParams(...)``; on a TPU it
-    gets no ``interpret`` and is compiled for the chip.
+    gets no ``interpret`` and is compiled for the chip. A case at a mixed-precision ``dtype``
+    (:mod:`conformance.dtypes`) tells the kernel its result's dtype, ``out_dtype=``.
     """
     record = registry.get(family, impl)
     kwargs: dict[str, Any] = {"mesh": build_mesh(mesh, platform), "axis_name": axis_name}
+    kwargs.update(dtypes.kernel_keywords(dtype))
     if record.pallas and platform == "cpu":
         kwargs["interpret"] = compat.interpret_params(
             dma_execution_mode=dma_mode or "eager", detect_races=detect_races
@@ -244,9 +248,10 @@ def jitted(
     axis_name: str,
     dma_mode: str | None = None,
     detect_races: bool = False,
+    dtype: str = "",
 ) -> Any:
     """``jax.jit`` of :func:`bound` (one per configuration)."""
-    return jax.jit(bound(family, impl, mesh, platform, axis_name, dma_mode, detect_races))
+    return jax.jit(bound(family, impl, mesh, platform, axis_name, dma_mode, detect_races, dtype))
 
 
 def pullback_of(fn: Any) -> Any:
@@ -266,7 +271,10 @@ def pullback_of(fn: Any) -> Any:
 
 def jitted_for(case: Case, *, axis_name: str | None = None, detect_races: bool = False) -> Any:
     axis = axis_name or case.mesh.axis_name
-    return jitted(case.family, case.impl, case.mesh, case.platform, axis, case.dma_mode, detect_races)
+    keyed_by = case.dtype if dtypes.is_mixed(case.dtype) else ""  # the dtype binds a keyword only for a pair
+    return jitted(
+        case.family, case.impl, case.mesh, case.platform, axis, case.dma_mode, detect_races, keyed_by
+    )
 
 
 def largest_shard_bytes(case: Case) -> int:
@@ -279,7 +287,7 @@ def largest_shard_bytes(case: Case) -> int:
 
 def abstract_args(case: Case, *, mesh: jax.sharding.Mesh | None = None) -> tuple[jax.ShapeDtypeStruct, ...]:
     """The operands' shapes, dtype and shardings on ``mesh`` (default: the case's own)."""
-    dt = jnp.dtype(case.dtype)
+    dt = jnp.dtype(dtypes.operand(case.dtype))
     return tuple(
         jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
         for shape, sharding in zip(case.operand_shapes, operand_shardings(case, mesh=mesh), strict=True)
@@ -288,14 +296,16 @@ def abstract_args(case: Case, *, mesh: jax.sharding.Mesh | None = None) -> tuple
 
 def abstract_pullback_args(case: Case) -> tuple[jax.ShapeDtypeStruct, ...]:
     """The operands, then a cotangent shaped and sharded like the result."""
-    ct = jax.ShapeDtypeStruct(case.out_shape, jnp.dtype(case.dtype), sharding=expected_out_sharding(case))
+    ct = jax.ShapeDtypeStruct(
+        case.out_shape, dtypes.result_np(case.dtype), sharding=expected_out_sharding(case)
+    )
     return (*abstract_args(case), ct)
 
 
 def make_cotangent(case: Case) -> np.ndarray:
     """A random cotangent for ``case``'s result, rounded to its dtype (seeded like the inputs)."""
     rng = np.random.default_rng([case.seed, len(case.operand_shapes), zlib.crc32(case.token.encode())])
-    return rng.standard_normal(case.out_shape).astype(np_dtype(case.dtype))
+    return rng.standard_normal(case.out_shape).astype(dtypes.result_np(case.dtype))
 
 
 def _compile_key(case: Case) -> Case:
@@ -319,6 +329,17 @@ def _compiled(key: Case, detect_races: bool) -> Any:
     return compile_lowered(lowered, key.platform)
 
 
+def typed_out_spec(case: Case) -> Any:
+    """The ``PartitionSpec`` of the result's type as the kernel's traced program declares it
+    (``jax.typeof`` of the result, on an Explicit mesh), or ``None`` where it has none. Read off
+    ``jax.eval_shape`` of the jitted kernel, which reuses the trace its compile made: a result's
+    own ``.sharding`` is XLA's placement, which JAX 0.6.2 gives as ``P('x')`` for a replicated result
+    on a size-1 axis."""
+    out = jax.eval_shape(jitted_for(case), *abstract_args(case))
+    leaves = jax.tree_util.tree_leaves(out)
+    return getattr(getattr(leaves[0], "sharding", None), "spec", None) if leaves else None
+
+
 def compiled(case: Case, *, detect_races: bool = False) -> Any:
     """The compiled executable for ``case``'s shapes (cached; the seed does not matter)."""
     return _compiled(_compile_key(case), detect_races)
@@ -326,7 +347,9 @@ def compiled(case: Case, *, detect_races: bool = False) -> Any:
 
 @functools.cache
 def _compiled_pullback(key: Case) -> Any:
-    fn = bound(key.family, key.impl, key.mesh, key.platform, key.mesh.axis_name, key.dma_mode)
+    fn = bound(
+        key.family, key.impl, key.mesh, key.platform, key.mesh.axis_name, key.dma_mode, dtype=key.dtype
+    )
     return compile_lowered(pullback_of(fn).lower(*abstract_pullback_args(key)), key.platform)
 
 
@@ -337,7 +360,15 @@ def compiled_pullback(case: Case) -> Any:
 
 def _unjitted_for_target(case: Case) -> Any:
     """The implementation as a target backend sees it: a Pallas kernel without ``interpret``."""
-    return functools.partial(case.implementation.fn, mesh=mesh_of(case), axis_name=case.mesh.axis_name)
+    return kernel_on(case, mesh_of(case))
+
+
+def kernel_on(case: Case, mesh: jax.sharding.Mesh) -> Any:
+    """``case``'s implementation on ``mesh`` (a CPU mesh, a TPU or GPU topology's), a function of the
+    operands alone: the kernel as a chip runs it (no ``interpret``), told a pair's result dtype."""
+    return functools.partial(
+        case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name, **dtypes.kernel_keywords(case.dtype)
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -395,7 +426,9 @@ def execute(
 def execute_eagerly(case: Case) -> jax.Array:
     """Run ``case`` once outside ``jax.jit`` (the kernel's Python on concrete arrays, as a user
     calling it eagerly runs it), on the inputs :func:`execute_cached` uses."""
-    fn = bound(case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name, case.dma_mode)
+    fn = bound(
+        case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name, case.dma_mode, dtype=case.dtype
+    )
     return watchdog.run_guarded(case, fn, place(case, make_inputs(case)))
 
 

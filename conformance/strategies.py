@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from conformance import claims, registry, specs
+from conformance import dtypes as dtypes_lib
 from conformance.fixtures.devices import devices_of
 from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig
 from conformance.runner import DMA_MODES, Case
@@ -64,19 +65,19 @@ def mesh_configs(platform: str = "cpu") -> st.SearchStrategy[MeshConfig]:
     return st.sampled_from(fitting)
 
 
-def dims(family: str) -> st.SearchStrategy[dict[str, int]]:
-    spec = specs.get(family)
+def dims(family: str, impl: str) -> st.SearchStrategy[dict[str, int]]:
+    spec = registry.spec_of(family, impl)
     return st.fixed_dictionaries({d: st.sampled_from(spec.values_of(d)) for d in spec.dims})
 
 
-def tpu_layout_dims(family: str) -> list[dict[str, int]]:
+def tpu_layout_dims(family: str, impl: str) -> list[dict[str, int]]:
     """Shapes at a TPU's tile edges: the family's TPU-native dims, then each dim moved alone
     to every other value the spec draws it from (1 row, odd rows, narrow lanes).
 
     A Pallas kernel compiled for a TPU must accept the first and, for each of the
     others, either refuse it naming the constraint or lower to windows a TPU accepts.
     """
-    spec = specs.get(family)
+    spec = registry.spec_of(family, impl)
     native = dict(spec.tpu_native_dims or {})
     shapes = [native]
     for dim, value in native.items():
@@ -86,7 +87,7 @@ def tpu_layout_dims(family: str) -> list[dict[str, int]]:
 
 def tpu_native(family: str, impl: str, platform: str, dims: dict[str, int]) -> dict[str, int]:
     """``dims``, or the family's TPU-native dims for a Pallas kernel compiled for TPU chips."""
-    native = specs.get(family).tpu_native_dims
+    native = registry.spec_of(family, impl).tpu_native_dims
     if platform == "tpu" and native and registry.get(family, impl).pallas:
         return dict(native)
     return dims
@@ -99,7 +100,7 @@ def fixed_dims(
     TPU-native ones for a Pallas kernel on TPU chips, moved to what the kernel claims (the even
     twin to other dims than the odd one's); ``None`` when the even twin still comes to the odd
     one's dims. Raises :class:`conformance.claims.NotClaimed`."""
-    spec = specs.get(family)
+    spec = registry.spec_of(family, impl)
 
     def dims_of(which: str, avoid: dict[str, int] | None = None) -> dict[str, int]:
         dims = tpu_native(family, impl, platform, spec.fixed_dims(which))
@@ -132,7 +133,7 @@ def draw_case(
     """
     if mesh is None:
         mesh = data.draw(mesh_configs(platform), label="mesh")
-    spec = specs.get(family)
+    spec = registry.spec_of(family, impl)
     dtypes = dtypes or spec.dtypes
     canonical = tpu_native(family, impl, platform, dict(spec.canonical_dims))
     if claims.declares_anything(family, impl):  # draw only what the kernel claims (conformance.claims)
@@ -144,8 +145,10 @@ def draw_case(
                 family, impl, platform=platform, mesh=mesh, dims=canonical, dtype=dtypes[0]
             )  # raises
         dtypes = claimed
+    else:  # a kernel that declares nothing claims the plain dtypes, not the mixed-precision pairs
+        dtypes = tuple(d for d in dtypes if not dtypes_lib.is_mixed(d))
     dtype = data.draw(st.sampled_from(dtypes), label="dtype")
-    drawn = tpu_native(family, impl, platform, data.draw(dims(family), label="dims"))
+    drawn = tpu_native(family, impl, platform, data.draw(dims(family, impl), label="dims"))
     try:
         drawn = claims.adapt(family, impl, platform=platform, mesh=mesh, dims=drawn, dtype=dtype)
     except claims.NotClaimed:  # nothing near the drawn dims: the fixed shape's (claimed) neighbour

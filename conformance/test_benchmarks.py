@@ -70,7 +70,7 @@ def test_benchmark(
         platform=platform,
         mesh=mesh_config,
         dtype="float32",
-        dims=bench.dims_for(family, shard_bytes),
+        dims=bench.dims_for(family, implementation, shard_bytes),
     )
     record = registry.get(family, implementation)
     dma_mode = "on_wait" if platform == "cpu" and record.pallas else None

@@ -23,12 +23,19 @@ rounding is not part of the error; only the kernel's own arithmetic is.
   spacing 6e-8), where a gradient of small terms lands there; for the other dtypes it is below
   1e-38.
 * Integer dtypes are exact: the strategies keep values small enough that no
-  partial sum can overflow.
+  partial sum can overflow (int8 operands in [-8, 8] summed into int32).
+* A mixed-precision pair (:mod:`conformance.dtypes`: float8 operands with a bfloat16 or float32
+  result, int8 with int32) is held to the bound at its *result* dtype: the products of two float8
+  values (4 and 3 significand bits) are exact in float32 and in bfloat16's 8 bits, so the only
+  rounding is the accumulation's and the final one, at least as precise as the result dtype; the
+  inputs are already rounded to float8. A float8 dtype moved as it is (an all-gather) is exact.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from conformance import dtypes
 
 #: Unit roundoff u = 2**-p for a p-bit significand (implicit bit included).
 UNIT_ROUNDOFF: dict[str, float] = {
@@ -36,6 +43,8 @@ UNIT_ROUNDOFF: dict[str, float] = {
     "float32": 2.0**-24,
     "float16": 2.0**-11,
     "bfloat16": 2.0**-8,
+    "float8_e4m3fn": 2.0**-4,
+    "float8_e5m2": 2.0**-3,
 }
 
 #: Half the spacing of the dtype's subnormals, ``2**(emin - p)``: what one rounding into the
@@ -45,6 +54,8 @@ UNDERFLOW_ERROR: dict[str, float] = {
     "float32": 2.0**-150,
     "float16": 2.0**-25,
     "bfloat16": 2.0**-134,
+    "float8_e4m3fn": 2.0**-10,
+    "float8_e5m2": 2.0**-17,
 }
 
 #: Largest |value| the input generators produce for integer dtypes.
@@ -52,11 +63,13 @@ INTEGER_INPUT_BOUND = 8
 
 
 def is_exact(dtype: str) -> bool:
-    return dtype not in UNIT_ROUNDOFF
+    """Whether arithmetic whose result is in ``dtype`` (a pair's result dtype) is exact: integers."""
+    return dtypes.result(dtype) not in UNIT_ROUNDOFF
 
 
 def gamma(n: int, dtype: str) -> float:
-    """Higham's gamma_n for ``dtype``; 0 for exact (integer) dtypes."""
+    """Higham's gamma_n for ``dtype`` (a pair's result dtype); 0 for exact (integer) dtypes."""
+    dtype = dtypes.result(dtype)
     if is_exact(dtype):
         return 0.0
     nu = n * UNIT_ROUNDOFF[dtype]
@@ -71,10 +84,11 @@ def data_movement_tolerance(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def matmul_tolerance(lhs: np.ndarray, rhs: np.ndarray, dtype: str) -> np.ndarray:
-    """Elementwise bound on ``|computed - exact|`` for ``lhs @ rhs`` computed in ``dtype``."""
+    """Elementwise bound on ``|computed - exact|`` for ``lhs @ rhs`` computed in ``dtype`` (a pair's
+    result dtype)."""
     k = lhs.shape[-1]
     g = gamma(k + 1, dtype)
-    underflow = 0.0 if is_exact(dtype) else (k + 1) * (1 + g) * UNDERFLOW_ERROR[dtype]
+    underflow = 0.0 if is_exact(dtype) else (k + 1) * (1 + g) * UNDERFLOW_ERROR[dtypes.result(dtype)]
     return g * (np.abs(lhs) @ np.abs(rhs)) + underflow
 
 

@@ -67,10 +67,13 @@ def halves(m: int, *, bidirectional: bool) -> tuple[int, int]:
 
 
 def accumulator_dtype(dtype: jnp.dtype) -> jnp.dtype:
-    """float32 for sub-32-bit floats (partial sums are summed there, cast once at the end)."""
+    """float32 for sub-32-bit floats (bfloat16, float16, float8), int32 for sub-32-bit integers (int8):
+    partial sums are summed there and cast once at the end."""
     dtype = jnp.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
         return jnp.dtype(jnp.float32)
+    if jnp.issubdtype(dtype, jnp.integer) and dtype.itemsize < 4:
+        return jnp.dtype(jnp.int32)
     return dtype
 
 

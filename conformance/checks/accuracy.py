@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from conformance import registry, runner, tolerances
+from conformance import registry, runner, specs, tolerances
 from conformance.checks.base import Axes, Check, call_kernel, fail, keeping
 from conformance.runner import Case
+from conformance.specs.base import BATCH_DIM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +65,41 @@ def baseline_of(family: str) -> str:
     return found[0]
 
 
+def _on_the_baseline(case: Case, baseline: str) -> tuple[Case, Any, Any]:
+    """The baseline's case for ``case``, and how to fold ``case``'s arrays into it and its results back:
+    the same case, or for a batched kernel's (the baseline takes the 2-D form) the 2-D case with the
+    batch folded into the rows, whose dot products are the batched case's, element for element."""
+    base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
+    spec, family = case.spec, specs.get(case.family)
+    if BATCH_DIM not in spec.dims or BATCH_DIM in registry.spec_of(case.family, baseline).dims:
+        return base_case, lambda arrays: arrays, lambda value, like: value
+    dims = family.unbatched(case.dims_map)
+    base_case = Case.make(
+        case.family, baseline, case.mesh, dims, case.dtype, platform=case.platform, seed=case.seed
+    )
+    batched = [op.name in family.batched_operands for op in family.operands]
+
+    def fold(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """The operands (and a trailing cotangent, batched like the result) in the 2-D form."""
+        flags = [*batched, True][: len(arrays)]
+        return tuple(a.reshape(-1, *a.shape[2:]) if on else a for a, on in zip(arrays, flags, strict=True))
+
+    def unfold(value: object, like: np.ndarray) -> np.ndarray:
+        return runner.global_value(value).reshape(like.shape)
+
+    return base_case, fold, unfold
+
+
 def _measured(
     case: Case, baseline: str, out: object, base_out: object, exact: np.ndarray, gradient: str = ""
 ) -> AccuracyRecord:
     """The rms and largest errors of ``out`` and of the baseline's ``base_out`` against ``exact``."""
-    err = runner.global_value(out).astype(np.float64) - exact
-    base_err = runner.global_value(base_out).astype(np.float64) - exact
+
+    def value(result: object) -> np.ndarray:  # a result of the kernel, or one unfolded already
+        return result if isinstance(result, np.ndarray) else runner.global_value(result)
+
+    err = value(out).astype(np.float64) - exact
+    base_err = value(base_out).astype(np.float64) - exact
     return AccuracyRecord(
         case.family,
         case.impl,
@@ -97,10 +127,10 @@ def check_accuracy(case: Case) -> AccuracyRecord:
         raise ValueError(f"{case.impl} is the baseline of {case.family}: nothing to compare with")
     inputs = runner.make_inputs(case)
     inputs64, out = call_kernel(case, "accuracy", lambda: runner.execute(case, inputs=inputs))
-    base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
-    _, base_out = call_kernel(case, "accuracy", lambda: runner.execute(base_case, inputs=inputs))
+    base_case, fold, unfold = _on_the_baseline(case, baseline)
+    _, base_out = call_kernel(case, "accuracy", lambda: runner.execute(base_case, inputs=fold(inputs)))
     exact = case.spec.expected(inputs64, axis_size=case.mesh.axis_size)
-    record = _measured(case, baseline, out, base_out, exact)
+    record = _measured(case, baseline, out, unfold(base_out, exact), exact)
     with keeping([record]):
         limit = tolerances.ACCURACY_RATIO_LIMIT
         if not record.ratio <= limit:
@@ -128,20 +158,22 @@ def check_backward_accuracy(case: Case) -> list[AccuracyRecord]:
     if spec.vjp_reference is None:
         raise ValueError(f"family {case.family} defines no gradients")
     inputs, ct = runner.make_inputs(case), runner.make_cotangent(case)
-    base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
+    base_case, fold, unfold = _on_the_baseline(case, baseline)
+    *base_inputs, base_ct = fold((*inputs, ct))
 
-    def pullback(of: Case) -> tuple:
+    def pullback(of: Case, inputs: tuple, ct: np.ndarray) -> tuple:
         return call_kernel(
             case, "backward_accuracy", lambda: runner.execute_pullback(of, inputs=inputs, cotangent=ct)
         )
 
-    inputs64, ct64, grads = pullback(case)
-    _, _, base_grads = pullback(base_case)
+    inputs64, ct64, grads = pullback(case, inputs, ct)
+    _, _, base_grads = pullback(base_case, tuple(base_inputs), base_ct)
     records = []
     for operand, grad, base_grad, exact in zip(
         spec.operands, grads, base_grads, spec.vjp_reference(*inputs64, ct64), strict=True
     ):
-        records.append(_measured(case, baseline, grad, base_grad, exact, gradient=f"d_{operand.name}"))
+        base = unfold(base_grad, exact)
+        records.append(_measured(case, baseline, grad, base, exact, gradient=f"d_{operand.name}"))
     with keeping(records):
         limit = tolerances.ACCURACY_RATIO_LIMIT
         worse = [r for r in records if not r.ratio <= limit]

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from conformance import compat, runner
+from conformance import compat, dtypes, runner
 from conformance.blame import error_locations, error_text
 from conformance.runner import Case
 
@@ -184,12 +184,15 @@ class Check:
         return self.fn(case)
 
 
-def call_kernel(case: Case, check: str, thunk: Callable[[], object]) -> object:
-    """Run the implementation; an exception on valid input is a conformance failure naming where."""
+def call_kernel(
+    case: Case, check: str, thunk: Callable[[], object], *, passing: tuple[type[BaseException], ...] = ()
+) -> object:
+    """Run the implementation; an exception on valid input is a conformance failure naming where
+    (``passing``: exceptions the caller judges itself, a compiler's refusal, re-raised as they are)."""
     try:
         with compat.unfiltered_tracebacks():
             return thunk()
-    except ConformanceFailure:
+    except (ConformanceFailure, compat.HostLimit, *passing):  # a verdict, this host's limit, the caller's
         raise
     except Exception as e:  # the kernel's own error, re-raised with the case attached
         details = [*error_locations(e), error_text(e)]
@@ -253,7 +256,7 @@ def compare_shards(
 
 
 def assert_dtype(case: Case, check: str, out: jax.Array) -> None:
-    want = runner.np_dtype(case.dtype)
+    want = dtypes.result_np(case.dtype)
     got = {np.dtype(out.dtype)} | {np.dtype(s.data.dtype) for s in out.addressable_shards}
     if got != {want}:
         raise fail(case, check, f"result dtype {sorted(map(str, got))} != input dtype {want}")

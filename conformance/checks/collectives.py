@@ -116,19 +116,22 @@ def _judge(case: Case, summary: hlo.CollectiveSummary, ops: list[str], allowed: 
 
 
 def check_lowered_bytes(case: Case) -> list[ByteRecord]:
-    """16-bit traffic, forward and backward, in the modules lowered for the implementation's targets;
-    for TPU, where libtpu is installed, in the module the real TPU compiler compiles instead.
+    """The traffic of operands narrower than 32 bits (16-bit, float8, int8; plain or in a mixed-precision
+    pair), forward and (at the gradient dtypes) backward, in the modules lowered for the
+    implementation's targets; for TPU, where libtpu is installed, in the module the real TPU compiler
+    compiles instead.
 
     XLA CPU converts bfloat16 and float16 to float32 before every transfer, so the compiled
     module can audit float32 only; a module lowered for TPU or CUDA keeps the real types. The
-    bounds are the spec's at the dtype's itemsize (with float32 partials where the spec says
+    bounds are the spec's at the operands' itemsize (with float32 partials where the spec says
     partials travel as float32). The baseline is recorded, not bounded.
     """
     spec, impl = case.spec, case.implementation
     passes = [
         ("forward", lambda t: runner.lowered_for(case, t), spec.max_received_bytes, spec.byte_bound_text)
     ]
-    if impl.differentiable and spec.backward_max_received_bytes is not None:
+    backward = impl.differentiable and case.dtype in spec.gradient_dtypes
+    if backward and spec.backward_max_received_bytes is not None:
         passes.append(
             (
                 "backward",
@@ -306,13 +309,13 @@ CHECKS = (
         "lowered_bytes",
         check_lowered_bytes,
         tables=lambda records: byte_table(
-            "16-bit: bytes received per device / bound (modules lowered for each target; for TPU, "
-            "where libtpu is installed, compiled by the real TPU compiler)",
+            "16- and 8-bit: bytes received per device / bound (modules lowered for each target; for "
+            "TPU, where libtpu is installed, compiled by the real TPU compiler)",
             records,
         ),
-        # what a 16-bit pass moves turns on the dtype (a cast before a transfer), not on the ring; every
+        # what a narrow pass moves turns on the dtype (a cast before a transfer), not on the ring; every
         # mesh's float32 bytes are the collectives check's
-        axes=Axes(meshes="covering", dtypes="sixteen_bit_dtypes"),
-        doc="bfloat16/float16 bytes per device, forward and backward, in the modules lowered for targets.",
+        axes=Axes(meshes="covering", dtypes="narrow_dtypes"),
+        doc="16- and 8-bit bytes per device, forward and backward, in the modules lowered for targets.",
     ),
 )

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections import defaultdict
 from typing import Any
 
@@ -13,6 +12,10 @@ import jax
 from conformance import compat, mosaic, pallas_protocol, runner, tpu_compiler
 from conformance.checks.base import Axes, Check, call_kernel, compare_with_reference, fail, keeping
 from conformance.runner import Case
+
+#: What a compile for a TPU may end in that the layout check judges itself: the kernel's refusal, the
+#: compiler's.
+REFUSALS = (mosaic.TpuConstraintError, tpu_compiler.CompilerRefusal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +55,13 @@ def check_tpu_layout(case: Case) -> TpuLayoutRecord:
     topology = tpu_compiler.topology_for(case.mesh.num_devices)
     judge = tpu_compiler.judge(topology)
     mesh = tpu_compiler.mesh_on(case.mesh, topology)
-    fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
+    fn = runner.kernel_on(case, mesh)
     args = runner.abstract_args(case, mesh=mesh)
     record = TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, None, judge=judge)
     records = [record]
     with keeping(records):
         try:
-            tpu_compiler.compile_on(fn, args)
+            call_kernel(case, "tpu_layout", lambda: tpu_compiler.compile_on(fn, args), passing=REFUSALS)
         except mosaic.TpuConstraintError as refusal:
             records[0] = record = dataclasses.replace(record, refusal=str(refusal))
         except tpu_compiler.CompilerRefusal as compiler:
@@ -80,7 +83,7 @@ def _asked_about_a_refusal(case: Case, record: TpuLayoutRecord, fn: Any, args: t
     """The compiler's verdict on a shape the kernel refused, its refusals set aside."""
     with mosaic.asking_the_compiler():
         try:
-            tpu_compiler.compile_on(fn, args)
+            call_kernel(case, "tpu_layout", lambda: tpu_compiler.compile_on(fn, args), passing=REFUSALS)
         except mosaic.TpuConstraintError:  # raised directly: the compiler cannot be asked
             if case.at_tpu_native_dims:
                 raise fail(

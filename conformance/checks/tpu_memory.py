@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from conformance import registry, specs, tpu_compiler
+from conformance import registry, tpu_compiler
 from conformance.checks.base import Check, NotJudged, fail, keeping
 from conformance.checks.tpu_schedule import (
     SCHEDULE_TOPOLOGIES,
@@ -66,9 +66,10 @@ class TpuMemoryRecord:
         return self.peak / self.baseline_peak
 
 
-def memory_dims(family: str) -> tuple[dict[str, int], ...]:
-    """The sizes the memory check compiles: the family's schedule ladder, else its TPU-native dims."""
-    spec = specs.get(family)
+def memory_dims(family: str, impl: str) -> tuple[dict[str, int], ...]:
+    """The sizes the memory check compiles: the family's schedule ladder, else its TPU-native dims
+    (of its batched form for a batched kernel)."""
+    spec = registry.spec_of(family, impl)
     ladder = tuple(dict(d) for d in spec.schedule_ladder)
     return ladder or ((dict(spec.tpu_native_dims),) if spec.tpu_native_dims else ())
 

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from conformance import compat, mosaic, tpu_compiler
-from conformance.checks.base import Check, NotJudged, fail, keeping
+from conformance.checks.base import Check, NotJudged, call_kernel, fail, keeping
 from conformance.checks.tpu_schedule import compiled_on_topology, judges_line
 from conformance.runner import Case
 
@@ -70,7 +70,12 @@ def check_tpu_pod(case: Case) -> TpuPodRecord:
 
     with keeping(records):
         try:
-            compiled = compiled_on_topology(case, topology)
+            compiled = call_kernel(
+                case,
+                "tpu_pod",
+                lambda: compiled_on_topology(case, topology),
+                passing=(mosaic.TpuConstraintError, tpu_compiler.CompilerRefusal),
+            )
         except mosaic.TpuConstraintError as refusal:  # the kernel's own, while tracing
             return record(None, f"{type(refusal).__name__}: {refusal}")
         except tpu_compiler.CompilerRefusal as refusal:

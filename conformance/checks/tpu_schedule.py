@@ -23,9 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from conformance import compat, hlo, runner, tpu_compiler
+from conformance import compat, dtypes, hlo, runner, tpu_compiler
 from conformance.checks.base import Check, NotJudged, call_kernel, fail, keeping
 from conformance.checks.overlap import PALLAS_OVERLAP
 from conformance.runner import Case
@@ -125,7 +124,7 @@ def compiled_on_topology(case: Case, topology: str) -> Any:
     compiler refuses it."""
     compiler = compiler_of(topology)
     mesh = compiler.mesh_on(case.mesh, topology)
-    fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
+    fn = runner.kernel_on(case, mesh)
     return compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh))
 
 
@@ -135,9 +134,9 @@ def compiled_pullback_on_topology(case: Case, topology: str) -> Any:
     runs it) compiled by the real compiler of ``topology``."""
     compiler = compiler_of(topology)
     mesh = compiler.mesh_on(case.mesh, topology)
-    fn = functools.partial(case.implementation.fn, mesh=mesh, axis_name=case.mesh.axis_name)
+    fn = runner.kernel_on(case, mesh)
     out = runner.expected_out_sharding(case, mesh=mesh)
-    cotangent = jax.ShapeDtypeStruct(case.out_shape, jnp.dtype(case.dtype), sharding=out)
+    cotangent = jax.ShapeDtypeStruct(case.out_shape, dtypes.result_np(case.dtype), sharding=out)
     args = (*runner.abstract_args(case, mesh=mesh), cotangent)
     return compiler.compile_on(runner.pullback_of(fn), args)
 

@@ -48,7 +48,7 @@ def check_output_sharding(case: Case) -> None:
                 f"got            : {got_spec}  ({type(out.sharding).__name__})",
             ],
         )
-    typed = _typed_spec_mismatch(case, out, expected_sharding, ndim)
+    typed = _typed_spec_mismatch(case, expected_sharding, ndim)
     if typed:
         raise fail(case, "output_sharding", "the result's typed sharding differs from the spec", typed)
     index_map = expected_sharding.devices_indices_map(tuple(case.out_shape))
@@ -78,16 +78,14 @@ def _spec_entries(spec: object, ndim: int) -> tuple:
     return tuple(entries + [None] * (ndim - len(entries)))
 
 
-def _typed_spec_mismatch(
-    case: Case, out: jax.Array, expected: jax.sharding.NamedSharding, ndim: int
-) -> list[str]:
-    """On an Explicit mesh a result's sharding is part of its type (``jax.typeof(out)``): what every
-    later op and ``jax.vjp``'s cotangent are held to. Two specs that lay out the same blocks only
-    because an axis has size 1 (``P('x')`` and ``P()`` on a ring of one) are equivalent as placements
-    and different types. The lines saying so, or none."""
+def _typed_spec_mismatch(case: Case, expected: jax.sharding.NamedSharding, ndim: int) -> list[str]:
+    """On an Explicit mesh a result's sharding is part of its type (``jax.typeof(out)``, what the
+    kernel's traced program declares): what every later op and ``jax.vjp``'s cotangent are held to.
+    Two specs that lay out the same blocks only because an axis has size 1 (``P('x')`` and ``P()`` on
+    a ring of one) are equivalent as placements and different types. The lines saying so, or none."""
     if case.mesh.axis_type != "explicit":
         return []
-    got = getattr(out.sharding, "spec", None)
+    got = runner.typed_out_spec(case)
     if got is None or _spec_entries(got, ndim) == _spec_entries(expected.spec, ndim):
         return []
     size_one = [n for n, s in zip(case.mesh.axis_names, case.mesh.shape, strict=True) if s == 1]
@@ -96,7 +94,8 @@ def _typed_spec_mismatch(
         f"got            : {got}",
         "the same blocks on these devices"
         + (f" only because axis {', '.join(map(repr, size_one))} has size 1" if size_one else "")
-        + "; the types differ, and a caller's jax.vjp with a cotangent of the spec's sharding raises",
+        + "; the types differ: every later op on this mesh is typed by the result's, and jax.vjp "
+        "(JAX 0.10) rejects a cotangent of the spec's sharding",
     ]
 
 

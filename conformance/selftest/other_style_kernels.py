@@ -57,6 +57,18 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_lowered_bytes",
         "test_eager",
     },
+    # Batched operands (batch_dims=1): lhs[B, M, K] gathered along M. Its cases are the batched
+    # form's, a batch of 1 to 3 drawn beside the other dims; the checks must hold it to that form
+    # (reference, sharding P(None, axis, None), bytes B times the 2-D bound) and pass it.
+    "correct_batched_allgather_matmul": {
+        "test_values",
+        "test_output_sharding",
+        "test_dtype",
+        "test_collectives",
+        "test_overlap",
+        "test_bad_inputs",
+        "test_lowered_bytes",
+    },
 }
 #: A skip with this text is the host's limit, not the kernel's failure.
 HOST_LIMIT = "this host cannot lower this kernel for TPU"
@@ -230,4 +242,37 @@ def correct_matmul_reduce_scatter_ring_fori_loop(lhs, rhs, *, mesh, axis_name):
 
     return jax.shard_map(
         body, mesh=mesh, in_specs=(P(None, axis_name), P(axis_name, None)), out_specs=P(axis_name, None)
+    )(lhs, rhs)
+
+
+@conformance.register(
+    "allgather_matmul",
+    name="correct_batched_allgather_matmul",
+    batch_dims=1,
+    description="activations [B, S, E] gathered along the sequence by a ppermute ring, an einsum per step",
+)
+def correct_batched_allgather_matmul(lhs, rhs, *, mesh, axis_name):
+    """The form MaxText's shard_map collective matmul takes: the batch rides along, every step
+    contracts one sequence block of every batch with the weights' local columns."""
+    n = mesh.shape[axis_name]
+
+    def body(x, w):  # x [B, s, E], w [E, F / n]
+        me, s = lax.axis_index(axis_name), x.shape[1]
+        accumulate = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+        out = jnp.zeros((x.shape[0], n * s, w.shape[1]), x.dtype)
+        chunk = x
+        for step in range(n):  # at step t this device holds the sequence block of device me + t
+            arriving = (
+                lax.ppermute(chunk, axis_name, [(j, (j - 1) % n) for j in range(n)]) if step < n - 1 else None
+            )
+            part = jnp.einsum("bse,ef->bsf", chunk, w, preferred_element_type=accumulate).astype(x.dtype)
+            out = lax.dynamic_update_slice(out, part, (0, lax.rem(me + step, n) * s, 0))
+            chunk = arriving if arriving is not None else chunk
+        return out
+
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P(None, axis_name, None), P(None, axis_name)),
+        out_specs=P(None, None, axis_name),
     )(lhs, rhs)

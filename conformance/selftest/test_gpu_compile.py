@@ -30,7 +30,7 @@ pytestmark = [
 
 
 def _run(check: str, family: str, impl: str, *, rung: int = 1):
-    sizes = specs.get(family).schedule_ladder or tpu_memory_dims(family)
+    sizes = specs.get(family).schedule_ladder or tpu_memory_dims(family, impl)
     case = Case.make(
         family, impl, parse_mesh("8-x-explicit"), dict(sizes[min(rung, len(sizes) - 1)]), "bfloat16"
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from conformance import tpu_compiler
+from conformance import compat, tpu_compiler
 from conformance.fixtures import meshes
 from conformance.fixtures.meshes import COVERING_MESHES, STANDARD_MESHES, MeshConfig, parse_mesh
 
@@ -88,12 +88,19 @@ needs_libtpu = pytest.mark.skipif(
     "order, shape", [(o, s) for o, table in meshes.TPU_DEVICE_ORDERS.items() for s in table]
 )
 def test_the_tpu_device_orders_are_jax_make_mesh_s_on_that_slice(order: str, shape: tuple[int, ...]) -> None:
-    """The table is what ``jax.make_mesh`` gives the named slice's chips, on this JAX and libtpu."""
-    chips = tpu_compiler.topology_devices(
-        meshes.TPU_ORDER_SLICES[order][len(meshes.TPU_DEVICE_ORDERS[order][shape])]
-    )
+    """The table is what ``jax.make_mesh`` gives the named slice's chips on the JAX it was read with;
+    another JAX that orders them otherwise is named in a skip (the table stays, a fixed permutation)."""
+    table = meshes.TPU_DEVICE_ORDERS[order][shape]
+    assert sorted(table) == list(range(len(table)))  # a permutation of the slice's chips, on any JAX
+    chips = tpu_compiler.topology_devices(meshes.TPU_ORDER_SLICES[order][len(table)])
     mesh = jax.make_mesh(shape, meshes.AXIS_NAMES[: len(shape)], devices=chips)
-    assert tuple(d.id for d in mesh.devices.flat) == meshes.TPU_DEVICE_ORDERS[order][shape]
+    found = tuple(d.id for d in mesh.devices.flat)
+    read_with, _ = meshes.TPU_ORDERS_READ_WITH
+    if found != table and jax.__version__ != read_with:
+        pytest.skip(
+            f"jax.make_mesh of JAX {jax.__version__} orders {shape} as {found}; the table keeps {read_with}'s"
+        )
+    assert found == table
 
 
 @needs_libtpu
@@ -102,7 +109,10 @@ def test_a_device_order_applies_to_a_tpu_slice_s_own_order() -> None:
     order permutes that one."""
     own = [d.id for d in tpu_compiler.mesh_on(parse_mesh("8-x-explicit")).devices.flat]
     assert own == list(meshes.TPU_DEVICE_ORDERS["v5e"][(8,)])  # v5e:2x4's snake
-    reversed_ = [d.id for d in tpu_compiler.mesh_on(parse_mesh("8-x-explicit-reversed")).devices.flat]
+    try:
+        reversed_ = [d.id for d in tpu_compiler.mesh_on(parse_mesh("8-x-explicit-reversed")).devices.flat]
+    except compat.HostLimit as limit:  # libtpu 0.0.17 and 0.0.50 give chips 4 to 7 no memory
+        pytest.skip(str(limit))
     assert reversed_ == own[::-1]
     partial = [d.id for d in tpu_compiler.mesh_on(parse_mesh("6-x-explicit")).devices.flat]
     assert tpu_compiler.topology_for(6) == "v5p:2x2x3" and partial == [0, 1, 2, 3, 4, 5]

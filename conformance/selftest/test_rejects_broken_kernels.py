@@ -24,6 +24,8 @@ from conformance.claims import NOT_CLAIMED
 from conformance.distributed import PALLAS_INTERPRET
 from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
 from conformance.selftest import (
+    broken_batch_kernels,
+    broken_dtype_kernels,
     broken_kernels,
     broken_matmul_reduce_scatter_kernels,
     broken_mesh_kernels,
@@ -42,6 +44,8 @@ BROKEN = (
     broken_matmul_reduce_scatter_kernels,
     broken_overlap_kernels,
     broken_mesh_kernels,
+    broken_dtype_kernels,
+    broken_batch_kernels,
 )
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
@@ -267,11 +271,13 @@ def test_correct_kernel_of_another_style_passes(verdicts, impl: str) -> None:
 
 @pytest.mark.parametrize("impl", sorted(broken_overlap_kernels.EXPECTED_PASS))
 def test_an_overlap_defect_passes_every_other_check(verdicts, impl: str) -> None:
-    """Values, bytes, kinds and sharding are right: only the overlap check can see the defect."""
+    """Values, bytes, kinds and sharding are right: only the overlap check can see the defect (the
+    mixed-precision pairs, which these kernels do not name, are not claimed)."""
     for test in sorted(broken_overlap_kernels.EXPECTED_PASS[impl]):
         outcomes = verdicts[impl].get(test)
         assert outcomes, f"{impl} did not run {test}"
-        bad = [o for o in outcomes if o[0] != "passed"]
+        assert any(o[0] == "passed" for o in outcomes), outcomes
+        bad = [o for o in outcomes if o[0] != "passed" and not _not_claimed(o)]
         assert not bad, f"{impl} {test}: {bad[0][0]}: {bad[0][1][:2000]}"
     rejected = verdicts[impl]["test_overlap"]
     # overlap judges rings with a transfer: of 2 and more

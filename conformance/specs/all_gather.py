@@ -68,7 +68,9 @@ ALL_GATHER = FamilySpec(
     dim_values={"rows_per_shard": (1, 2, 3, 5, 8), "cols": (1, 8, 128, 256)},
     # 96 rows: whole tiles for every dtype, and an uneven split of three int8 tiles.
     tpu_native_dims={"rows_per_shard": 96, "cols": 128},
-    dtypes=("float32", "bfloat16", "int32", "int8"),
+    # float8 moves bit-exact, as every other dtype (training and serving stacks gather float8 weights
+    # and activations)
+    dtypes=("float32", "bfloat16", "int32", "int8", "float8_e4m3fn", "float8_e5m2"),
     reference=lambda x: x,
     tolerance=lambda x, dtype: tolerances.data_movement_tolerance(x.shape),
     allowed_collectives=frozenset({"all-gather", "collective-permute"}),

@@ -24,7 +24,14 @@ from __future__ import annotations
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
-from conformance.specs.base import BadInput, Dims, FamilySpec, Operand, partial_itemsize
+from conformance.specs.base import (
+    BATCH_DIMS_OPTION,
+    BadInput,
+    Dims,
+    FamilySpec,
+    Operand,
+    partial_itemsize,
+)
 
 
 def _lhs_shape(d: Dims, n: int) -> tuple[int, int]:
@@ -91,7 +98,17 @@ ALLGATHER_MATMUL = FamilySpec(
     #: K stays <= 32 so that gamma_{K+1} for bfloat16 (about K * 2**-8) stays well below 1 and the
     #: tolerance stays tight.
     dim_values={"rows_per_shard": (1, 2, 3, 5, 8), "K": (1, 3, 8, 16, 32), "cols_per_shard": (1, 2, 3, 8)},
-    dtypes=("float32", "bfloat16", "float16", "int32"),
+    # and mixed precision (conformance.dtypes): float8 operands with a bfloat16 or float32 result, int8
+    # with int32; a kernel claims a pair by naming it, and is told the result dtype with out_dtype=
+    dtypes=(
+        "float32",
+        "bfloat16",
+        "float16",
+        "int32",
+        "float8_e4m3fn_to_bfloat16",
+        "float8_e5m2_to_float32",
+        "int8_to_int32",
+    ),
     reference=lambda lhs, rhs: lhs @ rhs,
     tolerance=tolerances.matmul_tolerance,
     allowed_collectives=frozenset({"collective-permute"}),
@@ -104,7 +121,7 @@ ALLGATHER_MATMUL = FamilySpec(
     backward_allowed_collectives=frozenset({"collective-permute"}),
     backward_max_received_bytes=_backward_bytes,
     backward_byte_bound_text="(n-1)/n of lhs plus (n-1)/n of one [M, K] partial of d_lhs",
-    accuracy_dtypes=("bfloat16", "float16"),
+    accuracy_dtypes=("bfloat16", "float16", "float8_e4m3fn_to_bfloat16"),
     accuracy_dims={"rows_per_shard": 16, "K": 32, "cols_per_shard": 16},
     accuracy_baseline_does="gathers lhs exactly (data movement), then one dot per output block that "
     "accumulates all K products in float32 and rounds once to the output dtype",
@@ -122,4 +139,8 @@ ALLGATHER_MATMUL = FamilySpec(
         {"rows_per_shard": 512, "K": 1024, "cols_per_shard": 1024},
         {"rows_per_shard": 1024, "K": 2048, "cols_per_shard": 1024},
     ),
+    # activations [batch, seq, emb] gathered or scattered along the sequence: lhs takes the batch
+    batched_operands=("lhs",),
+    batch_folds_into="rows_per_shard",
+    registration_options={"batch_dims": BATCH_DIMS_OPTION},
 )

@@ -9,21 +9,20 @@ from collections.abc import Callable, Mapping
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from conformance import dtypes
+
 Dims = Mapping[str, int]
 
 
 def _np_dtype(name: str) -> np.dtype:
-    import jax.numpy as jnp
-
-    return np.dtype(jnp.dtype(name))
+    """The operands' numpy dtype of a dtype name (:mod:`conformance.dtypes`)."""
+    return dtypes.operand_np(name)
 
 
 def partial_itemsize(itemsize: int) -> int:
-    """Bytes per element of a matmul partial sum: float32 for 16-bit floats, else the dtype's own.
-
-    (The matmul families' dtypes are float32, bfloat16, float16 and int32, so a
-    2-byte dtype there is always a float.)
-    """
+    """Bytes per element of a matmul partial sum, for operands of ``itemsize`` bytes: float32 for
+    16-bit floats and float8, int32 for int8, else the dtype's own (partials are summed in at least
+    32 bits and cast to the result dtype once)."""
     return max(itemsize, 4)
 
 
@@ -60,12 +59,25 @@ class RegistrationOption:
     doc: str
 
 
+#: ``batch_dims``, a matmul family's registration option: how many leading batch dims a kernel's
+#: batched operands and result take (:meth:`FamilySpec.batched`).
+BATCH_DIMS_OPTION = RegistrationOption(
+    default=0,
+    accepts=lambda v: type(v) is int and v in (0, 1),
+    expects="0 or 1",
+    doc="the leading batch dims the kernel takes: 0, the family's 2-D form; 1, a leading batch dim B on "
+    "the batched operands and the result (lhs[B, M, K] -> out[B, M, N])",
+)
+
 #: The fixed-shape checks' two shapes: the canonical one (an odd dim) and its even twin.
 FIXED_SHAPES = ("odd", "even")
 
 #: The values hypothesis draws a dim from when its spec lists none for it: small sizes, 1 and odd
 #: ones included (each distinct shape is a compile, so a short list lets examples share them).
 DEFAULT_DIM_VALUES = (1, 2, 3, 5, 8)
+
+#: The dim of a batched case's leading batch dimension (:meth:`FamilySpec.batched`).
+BATCH_DIM = "batch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +154,15 @@ class FamilySpec:
     #: the TPU-native dims to; a dim not listed draws from :data:`DEFAULT_DIM_VALUES`.
     dim_values: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
+    #: The operands that take leading batch dimensions in the family's batched form (the result
+    #: takes them too): what a kernel registered with ``batch_dims=1`` is called with
+    #: (:meth:`batched`). Empty: the family has no batched form.
+    batched_operands: tuple[str, ...] = ()
+    #: The dim the batch folds into: a batched case is the 2-D case with this dim ``B`` times larger,
+    #: on the batched operands reshaped to 2-D (how the accuracy check runs the 2-D baseline on a
+    #: batched kernel's inputs).
+    batch_folds_into: str = ""
+
     def __post_init__(self) -> None:
         if not any(v % 2 for v in self.canonical_dims.values()):
             raise ValueError(
@@ -178,19 +199,137 @@ class FamilySpec:
 
     @property
     def gradient_dtypes(self) -> tuple[str, ...]:
-        """The float dtypes of the family (integers have no gradients)."""
-        return tuple(d for d in self.dtypes if not np.issubdtype(_np_dtype(d), np.integer))
+        """The float dtypes of the family at least 16 bits wide (integers have no gradients; float8
+        and mixed-precision pairs are scaled by their callers, not differentiated as they are)."""
+        return tuple(
+            d
+            for d in self.dtypes
+            if not dtypes.is_mixed(d)
+            and not np.issubdtype(_np_dtype(d), np.integer)
+            and _np_dtype(d).itemsize >= 2
+        )
 
     @property
     def sixteen_bit_dtypes(self) -> tuple[str, ...]:
         """The family's 2-byte dtypes, whose traffic only a module lowered for a target shows."""
-        return tuple(d for d in self.dtypes if _np_dtype(d).itemsize == 2)
+        return tuple(d for d in self.dtypes if not dtypes.is_mixed(d) and _np_dtype(d).itemsize == 2)
+
+    @property
+    def narrow_dtypes(self) -> tuple[str, ...]:
+        """The family's dtypes whose operands are narrower than 32 bits (16-bit, float8 and int8, plain
+        or in a mixed-precision pair): what a kernel's transfers ship in them only a module lowered or
+        compiled for a target shows (XLA:CPU widens them before a transfer)."""
+        return tuple(d for d in self.dtypes if _np_dtype(d).itemsize < 4)
+
+    @property
+    def plain_dtypes(self) -> tuple[str, ...]:
+        """The family's dtypes but its mixed-precision pairs: what a kernel that declares no dtypes
+        claims."""
+        return tuple(d for d in self.dtypes if not dtypes.is_mixed(d))
 
     @property
     def operand_names(self) -> tuple[str, ...]:
         return tuple(op.name for op in self.operands)
 
+    def batched(self) -> FamilySpec:
+        """The family's batched form: ``batched_operands`` and the result take one leading batch dim
+        ``B`` (the ``batch`` dim), replicated over the mesh, e.g. ``lhs[B, M, K] P(None, axis, None)``
+        as activations ``[batch, seq, emb]`` gathered along the sequence. The batch stacks further
+        rows on the 2-D form, so the reference, tolerance and gradients are the 2-D ones over the
+        ``B x M`` rows (reshaped back), each byte bound is ``B`` times the 2-D one, and each forbidden
+        input gets a batch of 2."""
+        if not self.batched_operands or self.batch_folds_into not in self.dims:
+            raise ValueError(f"the {self.name} family has no batched form")
+        return _batched(self)
+
+    def unbatched(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """The 2-D form's dims of a batched case's ``dims``: the batch folded into
+        :attr:`batch_folds_into`."""
+        out = {k: v for k, v in dims.items() if k != BATCH_DIM}
+        out[self.batch_folds_into] *= dims[BATCH_DIM]
+        return out
+
     def signature(self, axis_name: str = "axis") -> str:
         """E.g. ``lhs[M,K] P('x', None), rhs[K,N] P(None, 'x') -> out P(None, 'x')``."""
         ins = ", ".join(f"{op.name} {op.spec(axis_name)}" for op in self.operands)
         return f"{ins} -> {self.out_spec(axis_name)}"
+
+
+def _batched(spec: FamilySpec) -> FamilySpec:
+    """:meth:`FamilySpec.batched` (module doc there)."""
+    batched = [op.name in spec.batched_operands for op in spec.operands]
+
+    def with_batch(op: Operand, on: bool) -> Operand:
+        if not on:
+            return op
+        return Operand(
+            op.name,
+            lambda a, inner=op.spec: P(None, *inner(a)),
+            lambda d, n, inner=op.shape: (d[BATCH_DIM], *inner(d, n)),
+        )
+
+    def rows(inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """The batched operands with their batch folded into their rows: the 2-D form's inputs."""
+        return tuple(a.reshape(-1, *a.shape[2:]) if on else a for a, on in zip(inputs, batched, strict=True))
+
+    def batch_of(inputs: tuple[np.ndarray, ...]) -> int:
+        return next(a.shape[0] for a, on in zip(inputs, batched, strict=True) if on)
+
+    def reference(*inputs: np.ndarray, axis_size: int) -> np.ndarray:
+        out = spec.expected(rows(inputs), axis_size=axis_size)
+        return out.reshape(batch_of(inputs), -1, *out.shape[1:])
+
+    def tolerance(*inputs_and_dtype: object) -> np.ndarray:  # (inputs..., dtype), as the 2-D form's
+        *inputs, dtype = inputs_and_dtype
+        tol = spec.tolerance(*rows(tuple(inputs)), dtype)
+        return tol.reshape(batch_of(tuple(inputs)), -1, *tol.shape[1:])
+
+    def per_batch(bound: Callable[[Dims, int, int], int]) -> Callable[[Dims, int, int], int]:
+        return lambda d, n, itemsize: d[BATCH_DIM] * bound(d, n, itemsize)
+
+    def bad_inputs(n: int) -> tuple[BadInput, ...]:
+        return tuple(
+            dataclasses.replace(
+                bad, shapes=tuple((2, *s) if on else s for s, on in zip(bad.shapes, batched, strict=True))
+            )
+            for bad in spec.bad_inputs(n)
+        )
+
+    def vjp(*inputs_and_ct: np.ndarray) -> tuple[np.ndarray, ...]:  # (inputs..., cotangent)
+        *inputs, ct = inputs_and_ct
+        grads = spec.vjp_reference(*rows(tuple(inputs)), ct.reshape(-1, *ct.shape[2:]))
+        return tuple(g.reshape(a.shape) for g, a in zip(grads, inputs, strict=True))
+
+    def vjp_tolerance(*inputs_ct_and_dtype: object) -> tuple[np.ndarray, ...]:  # (inputs..., ct, dtype)
+        *inputs, ct, dtype = inputs_ct_and_dtype
+        tols = spec.vjp_tolerance(*rows(tuple(inputs)), ct.reshape(-1, *ct.shape[2:]), dtype)
+        return tuple(t.reshape(a.shape) for t, a in zip(tols, inputs, strict=True))
+
+    def with_batch_dim(dims: Mapping[str, int] | None, batch: int) -> dict[str, int] | None:
+        return None if dims is None else {BATCH_DIM: batch, **dims}
+
+    return dataclasses.replace(
+        spec,
+        summary=f"{spec.summary}; {', '.join(spec.batched_operands)} and the result with a leading batch dim",
+        operands=tuple(with_batch(op, on) for op, on in zip(spec.operands, batched, strict=True)),
+        out_spec=lambda a: P(None, *spec.out_spec(a)),
+        out_shape=lambda d, n: (d[BATCH_DIM], *spec.out_shape(d, n)),
+        dims=(BATCH_DIM, *spec.dims),
+        canonical_dims=with_batch_dim(spec.canonical_dims, 2),
+        dim_values={BATCH_DIM: (1, 2, 3), **spec.dim_values},
+        reference=reference,
+        tolerance=tolerance,
+        max_received_bytes=per_batch(spec.max_received_bytes),
+        min_received_bytes=per_batch(spec.min_received_bytes),
+        bad_inputs=bad_inputs,
+        byte_bound_text=f"{spec.byte_bound_text}, for each of the B batches",
+        vjp_reference=None if spec.vjp_reference is None else vjp,
+        vjp_tolerance=None if spec.vjp_tolerance is None else vjp_tolerance,
+        backward_max_received_bytes=(
+            None if spec.backward_max_received_bytes is None else per_batch(spec.backward_max_received_bytes)
+        ),
+        accuracy_dims=with_batch_dim(spec.accuracy_dims, 2),
+        tpu_native_dims=with_batch_dim(spec.tpu_native_dims, 2),
+        schedule_ladder=tuple(with_batch_dim(rung, 1) for rung in spec.schedule_ladder),
+        batched_operands=(),
+    )

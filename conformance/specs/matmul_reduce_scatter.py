@@ -24,7 +24,14 @@ from __future__ import annotations
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
-from conformance.specs.base import BadInput, Dims, FamilySpec, Operand, partial_itemsize
+from conformance.specs.base import (
+    BATCH_DIMS_OPTION,
+    BadInput,
+    Dims,
+    FamilySpec,
+    Operand,
+    partial_itemsize,
+)
 
 
 def _lhs_shape(d: Dims, n: int) -> tuple[int, int]:
@@ -91,7 +98,17 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     #: The contraction per shard keeps K = k_per_shard * n <= 32 on 8 devices (so gamma_{K+1} for
     #: bfloat16 stays well below 1); trailing width: lane-dense and narrow ones.
     dim_values={"rows_per_shard": (1, 2, 3, 5, 8), "k_per_shard": (1, 2, 4), "cols": (1, 8, 128, 256)},
-    dtypes=("float32", "bfloat16", "float16", "int32"),
+    # and mixed precision (conformance.dtypes): float8 operands with a bfloat16 or float32 result, int8
+    # with int32; a kernel claims a pair by naming it, and is told the result dtype with out_dtype=
+    dtypes=(
+        "float32",
+        "bfloat16",
+        "float16",
+        "int32",
+        "float8_e4m3fn_to_bfloat16",
+        "float8_e5m2_to_float32",
+        "int8_to_int32",
+    ),
     reference=lambda lhs, rhs: lhs @ rhs,
     tolerance=tolerances.matmul_tolerance,
     allowed_collectives=frozenset({"collective-permute"}),
@@ -104,7 +121,7 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     backward_allowed_collectives=frozenset({"collective-permute"}),
     backward_max_received_bytes=_contributions_received,
     backward_byte_bound_text="one gather of the cotangent: (n-1)/n of it per device",
-    accuracy_dtypes=("bfloat16", "float16"),
+    accuracy_dtypes=("bfloat16", "float16", "float8_e4m3fn_to_bfloat16"),
     accuracy_dims={"rows_per_shard": 16, "k_per_shard": 4, "cols": 64},
     accuracy_baseline_does="computes each device's partial product in float32 and reduce-scatters the "
     "float32 partials (lax.psum_scatter), rounding to the output dtype once, after the sum",
@@ -123,4 +140,8 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
         {"rows_per_shard": 512, "k_per_shard": 512, "cols": 512},
         {"rows_per_shard": 1024, "k_per_shard": 1024, "cols": 1024},
     ),
+    # activations [batch, seq, emb] gathered or scattered along the sequence: lhs takes the batch
+    batched_operands=("lhs",),
+    batch_folds_into="rows_per_shard",
+    registration_options={"batch_dims": BATCH_DIMS_OPTION},
 )

@@ -6,6 +6,7 @@ import jax
 
 from conformance.kernels._ring import dot
 from conformance.kernels._validation import axis_size, require_divisible
+from conformance.specs.allgather_matmul import ALLGATHER_MATMUL
 
 
 def validate(name: str, lhs: jax.Array, rhs: jax.Array, mesh: jax.sharding.Mesh, axis_name: str) -> int:
@@ -20,6 +21,11 @@ def validate(name: str, lhs: jax.Array, rhs: jax.Array, mesh: jax.sharding.Mesh,
     return n
 
 
-def local_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``a @ b`` accumulated in float32 for sub-32-bit floats, returned in the input dtype."""
-    return dot(a, b).astype(a.dtype)
+def local_matmul(a: jax.Array, b: jax.Array, out_dtype: object = None) -> jax.Array:
+    """``a @ b`` accumulated in float32 for sub-32-bit floats (int32 for int8), returned in
+    ``out_dtype`` (a mixed-precision result, :mod:`conformance.dtypes`) or the input dtype."""
+    return dot(a, b).astype(out_dtype or a.dtype)
+
+
+#: The family's dtypes, mixed-precision pairs included: what the built-ins claim.
+DTYPES = ALLGATHER_MATMUL.dtypes

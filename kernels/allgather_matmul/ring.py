@@ -42,7 +42,9 @@ Limits. The rings run over one mesh axis; other mesh axes are replicated.
 The loop is unrolled in Python (n is static), which keeps each transfer a
 separate collective-permute XLA can schedule against the matmuls; for very
 large n a ``fori_loop`` form would compile faster. Sub-32-bit floats accumulate
-in float32 and are rounded once to the input dtype.
+in float32 (int8 in int32) and are rounded once to the result dtype: the inputs'
+or, for float8 and int8 operands, the wider ``out_dtype`` the caller names
+(``conformance.dtypes``); blocks travel in the operands' dtype.
 """
 
 from __future__ import annotations
@@ -56,17 +58,25 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, unmerged, with_ring_vjp
-from conformance.kernels.allgather_matmul._common import validate
+from conformance.kernels.allgather_matmul._common import DTYPES, validate
 
 
-def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax.Array:
+def _forward(
+    lhs_block: jax.Array,
+    rhs_block: jax.Array,
+    *,
+    axis_name: str,
+    bidirectional: bool,
+    out_dtype: object = None,
+) -> jax.Array:
     n = lax.axis_size(axis_name)
     m = lhs_block.shape[0]
-    out = jnp.zeros((m * n, rhs_block.shape[1]), lhs_block.dtype)
+    result = out_dtype or lhs_block.dtype
+    out = jnp.zeros((m * n, rhs_block.shape[1]), result)
 
     def multiply_into_rows(owner: jax.Array, first: int, rows: jax.Array) -> jax.Array:
         nonlocal out
-        product = dot(rows, unmerged(rhs_block, beside=owner)).astype(lhs_block.dtype)
+        product = dot(rows, unmerged(rhs_block, beside=owner)).astype(result)
         out = lax.dynamic_update_slice(out, product, (owner * m + first, 0))
         return product
 
@@ -75,7 +85,13 @@ def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidi
 
 
 def _backward(
-    lhs_block: jax.Array, rhs_block: jax.Array, ct: jax.Array, *, axis_name: str, bidirectional: bool
+    lhs_block: jax.Array,
+    rhs_block: jax.Array,
+    ct: jax.Array,
+    *,
+    axis_name: str,
+    bidirectional: bool,
+    out_dtype: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     m = lhs_block.shape[0]
     with jax.named_scope("d_rhs_gather_ring"):
@@ -98,16 +114,21 @@ def _backward(
 
 
 def _per_device(
-    lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool
+    lhs_block: jax.Array,
+    rhs_block: jax.Array,
+    *,
+    axis_name: str,
+    bidirectional: bool,
+    out_dtype: object = None,
 ) -> jax.Array:
-    statics = {"axis_name": axis_name, "bidirectional": bidirectional}
+    statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype}
     ring = with_ring_vjp(functools.partial(_forward, **statics), functools.partial(_backward, **statics))
     return ring(lhs_block, rhs_block)
 
 
-def _shard_mapped(lhs, rhs, mesh, axis_name, *, bidirectional: bool):
+def _shard_mapped(lhs, rhs, mesh, axis_name, *, bidirectional: bool, out_dtype: object = None):
     return jax.shard_map(
-        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional),
+        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional, out_dtype=out_dtype),
         mesh=mesh,
         in_specs=(P(axis_name, None), P(None, axis_name)),
         out_specs=P(None, axis_name),
@@ -118,23 +139,25 @@ def _shard_mapped(lhs, rhs, mesh, axis_name, *, bidirectional: bool):
     "allgather_matmul",
     name="ring_allgather_matmul_unidirectional",
     differentiable=True,
+    dtypes=DTYPES,
     description="one ring direction; transfer of block s+1 overlaps the matmul of block s",
 )
 def ring_allgather_matmul_unidirectional(
-    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, out_dtype: object = None
 ) -> jax.Array:
     validate("ring_allgather_matmul_unidirectional", lhs, rhs, mesh, axis_name)
-    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=False)
+    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=False, out_dtype=out_dtype)
 
 
 @conformance.register(
     "allgather_matmul",
     name="ring_allgather_matmul_bidirectional",
     differentiable=True,
+    dtypes=DTYPES,
     description="half of each row block travels each way round the ring",
 )
 def ring_allgather_matmul_bidirectional(
-    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, out_dtype: object = None
 ) -> jax.Array:
     validate("ring_allgather_matmul_bidirectional", lhs, rhs, mesh, axis_name)
-    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=True)
+    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=True, out_dtype=out_dtype)

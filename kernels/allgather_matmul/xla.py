@@ -7,7 +7,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels.allgather_matmul._common import local_matmul, validate
+from conformance.kernels.allgather_matmul._common import DTYPES, local_matmul, validate
 
 
 @conformance.register(
@@ -15,10 +15,11 @@ from conformance.kernels.allgather_matmul._common import local_matmul, validate
     name="xla_allgather_matmul",
     baseline=True,
     differentiable=True,
+    dtypes=DTYPES,
     description="lax.all_gather of lhs, then one local dot (XLA's own collective)",
 )
 def xla_allgather_matmul(
-    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, out_dtype: object = None
 ) -> jax.Array:
     validate("xla_allgather_matmul", lhs, rhs, mesh, axis_name)
 
@@ -26,7 +27,7 @@ def xla_allgather_matmul(
         with jax.named_scope("all_gather_lhs"):
             lhs_full = lax.all_gather(lhs_block, axis_name, axis=0, tiled=True)
         with jax.named_scope("matmul"):
-            return local_matmul(lhs_full, rhs_block)
+            return local_matmul(lhs_full, rhs_block, out_dtype)
 
     return jax.shard_map(
         per_device,

@@ -5,6 +5,10 @@ from __future__ import annotations
 import jax
 
 from conformance.kernels._validation import axis_size, require_divisible
+from conformance.specs.matmul_reduce_scatter import MATMUL_REDUCE_SCATTER
+
+#: The family's dtypes, mixed-precision pairs included: what the built-ins claim.
+DTYPES = MATMUL_REDUCE_SCATTER.dtypes
 
 
 def validate(name: str, lhs: jax.Array, rhs: jax.Array, mesh: jax.sharding.Mesh, axis_name: str) -> int:

@@ -46,10 +46,17 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, unmerged, with_ring_vjp
-from conformance.kernels.matmul_reduce_scatter._common import validate
+from conformance.kernels.matmul_reduce_scatter._common import DTYPES, validate
 
 
-def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax.Array:
+def _forward(
+    lhs_block: jax.Array,
+    rhs_block: jax.Array,
+    *,
+    axis_name: str,
+    bidirectional: bool,
+    out_dtype: object = None,
+) -> jax.Array:
     m = lhs_block.shape[0] // lax.axis_size(axis_name)
 
     def contribution(owner: jax.Array, first: int, rows: int) -> jax.Array:
@@ -57,11 +64,17 @@ def _forward(lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidi
         return dot(lhs_rows, unmerged(rhs_block, beside=owner))
 
     summed = ring_reduce_scatter(contribution, m, axis_name, bidirectional=bidirectional)
-    return summed.astype(lhs_block.dtype)
+    return summed.astype(out_dtype or lhs_block.dtype)
 
 
 def _backward(
-    lhs_block: jax.Array, rhs_block: jax.Array, ct: jax.Array, *, axis_name: str, bidirectional: bool
+    lhs_block: jax.Array,
+    rhs_block: jax.Array,
+    ct: jax.Array,
+    *,
+    axis_name: str,
+    bidirectional: bool,
+    out_dtype: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     m = ct.shape[0]
     d_lhs = jnp.zeros(lhs_block.shape, lhs_block.dtype)
@@ -82,16 +95,21 @@ def _backward(
 
 
 def _per_device(
-    lhs_block: jax.Array, rhs_block: jax.Array, *, axis_name: str, bidirectional: bool
+    lhs_block: jax.Array,
+    rhs_block: jax.Array,
+    *,
+    axis_name: str,
+    bidirectional: bool,
+    out_dtype: object = None,
 ) -> jax.Array:
-    statics = {"axis_name": axis_name, "bidirectional": bidirectional}
+    statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype}
     ring = with_ring_vjp(functools.partial(_forward, **statics), functools.partial(_backward, **statics))
     return ring(lhs_block, rhs_block)
 
 
-def _shard_mapped(lhs, rhs, mesh, axis_name, *, bidirectional: bool):
+def _shard_mapped(lhs, rhs, mesh, axis_name, *, bidirectional: bool, out_dtype: object = None):
     return jax.shard_map(
-        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional),
+        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional, out_dtype=out_dtype),
         mesh=mesh,
         in_specs=(P(None, axis_name), P(axis_name, None)),
         out_specs=P(axis_name, None),
@@ -102,23 +120,25 @@ def _shard_mapped(lhs, rhs, mesh, axis_name, *, bidirectional: bool):
     "matmul_reduce_scatter",
     name="ring_matmul_reduce_scatter_unidirectional",
     differentiable=True,
+    dtypes=DTYPES,
     description="float32 accumulators travel one way; next contribution computed while in flight",
 )
 def ring_matmul_reduce_scatter_unidirectional(
-    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, out_dtype: object = None
 ) -> jax.Array:
     validate("ring_matmul_reduce_scatter_unidirectional", lhs, rhs, mesh, axis_name)
-    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=False)
+    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=False, out_dtype=out_dtype)
 
 
 @conformance.register(
     "matmul_reduce_scatter",
     name="ring_matmul_reduce_scatter_bidirectional",
     differentiable=True,
+    dtypes=DTYPES,
     description="top half of each accumulator travels left, bottom half right",
 )
 def ring_matmul_reduce_scatter_bidirectional(
-    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, out_dtype: object = None
 ) -> jax.Array:
     validate("ring_matmul_reduce_scatter_bidirectional", lhs, rhs, mesh, axis_name)
-    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=True)
+    return _shard_mapped(lhs, rhs, mesh, axis_name, bidirectional=True, out_dtype=out_dtype)

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance.kernels._ring import dot
-from conformance.kernels.matmul_reduce_scatter._common import validate
+from conformance.kernels.matmul_reduce_scatter._common import DTYPES, validate
 
 
 @conformance.register(
@@ -21,10 +21,11 @@ from conformance.kernels.matmul_reduce_scatter._common import validate
     name="xla_matmul_reduce_scatter",
     baseline=True,
     differentiable=True,
+    dtypes=DTYPES,
     description="local dot, then lax.psum_scatter of the float32 partials (XLA's own collective)",
 )
 def xla_matmul_reduce_scatter(
-    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+    lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, out_dtype: object = None
 ) -> jax.Array:
     validate("xla_matmul_reduce_scatter", lhs, rhs, mesh, axis_name)
 
@@ -33,7 +34,7 @@ def xla_matmul_reduce_scatter(
             partial = dot(lhs_block, rhs_block)
         with jax.named_scope("reduce_scatter"):
             summed = lax.psum_scatter(partial, axis_name, scatter_dimension=0, tiled=True)
-        return summed.astype(lhs_block.dtype)
+        return summed.astype(out_dtype or lhs_block.dtype)
 
     return jax.shard_map(
         per_device,
