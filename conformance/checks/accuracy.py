@@ -224,10 +224,10 @@ CHECKS = (
         tables=lambda records: accuracy_table(
             "accuracy: rms error vs float64, implementation / baseline (same inputs)", records
         ),
-        # a rounding per ring step shows on any ring with a step (ring length only scales it): one mesh
-        # of each kind
+        # a rounding per ring step shows on any ring with a step (ring length only scales it): a ring of
+        # each dimensionality
         axes=Axes(
-            case="accuracy", meshes="covering", dtypes="accuracy_dtypes", implementations=("not_baseline",)
+            case="accuracy", meshes="dimensions", dtypes="accuracy_dtypes", implementations=("not_baseline",)
         ),
         doc="rms error against float64, side by side with the baseline's on the same inputs.",
     ),
@@ -239,7 +239,7 @@ CHECKS = (
         ),
         axes=Axes(
             case="accuracy",
-            meshes="covering",
+            meshes="dimensions",
             dtypes="accuracy_dtypes",
             implementations=("differentiable", "not_baseline"),
         ),

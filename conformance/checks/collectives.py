@@ -313,9 +313,9 @@ CHECKS = (
             "TPU, where libtpu is installed, compiled by the real TPU compiler)",
             records,
         ),
-        # what a narrow pass moves turns on the dtype (a cast before a transfer), not on the ring; every
-        # mesh's float32 bytes are the collectives check's
-        axes=Axes(meshes="covering", dtypes="narrow_dtypes"),
+        # what a narrow pass moves turns on the dtype (a cast before a transfer), not on the ring: a ring
+        # of each dimensionality; every mesh's float32 bytes are the collectives check's
+        axes=Axes(meshes="dimensions", dtypes="narrow_dtypes"),
         doc="16- and 8-bit bytes per device, forward and backward, in the modules lowered for targets.",
     ),
 )

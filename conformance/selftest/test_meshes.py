@@ -56,6 +56,16 @@ def test_the_covering_meshes_are_standard_and_hold_one_of_each_kind() -> None:
     assert any(c.device_order != "ids" for c in COVERING)
 
 
+def test_the_dimension_meshes_are_covering_and_a_ring_of_each_dimensionality() -> None:
+    dims = [parse_mesh(label) for label in meshes.DIMENSION_MESHES]
+    assert set(meshes.DIMENSION_MESHES) <= set(COVERING_MESHES)
+    assert sorted(len(c.shape) for c in dims) == [1, 2, 3]
+    assert all(c.axis_size >= 2 for c in dims)  # each ring has a step to show a cast or a rounding
+    assert max(c.axis_size for c in dims) == max(c.axis_size for c in STANDARD)  # roundings add up
+    assert {c.axis_type for c in dims} == {"auto", "explicit"}
+    assert any(c.device_order != "ids" for c in dims)
+
+
 @pytest.mark.parametrize(
     "label", [*STANDARD_MESHES, "6-x-auto", "2x2x2-z-auto", "4-x-auto-v5e", "2x2-y-explicit-v5p"]
 )

@@ -83,11 +83,13 @@ BUILTINS = {
     "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
 }
 #: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of one, an
-#: odd ring, a 2-D mesh in a TPU slice's order, a 3-D mesh and a reversed ring of 8, plus the mesh-less
-#: tests. Each broken kernel of the versions scope meets the mesh meant to catch it among these.
+#: odd ring, the longest ring, a 2-D mesh in a TPU slice's order, a 3-D mesh and a reversed ring of 8,
+#: plus the mesh-less tests. Each broken kernel of the versions scope meets the mesh meant to catch it
+#: among these (a rounding per hop needs the ring of 8).
 SUBSET_MESHES = (
     "1-x-explicit",
     "5-x-explicit",
+    "8-x-auto",
     "2x4-y-auto-v5e",
     "2x2x2-x-explicit",
     "8-x-explicit-reversed",
