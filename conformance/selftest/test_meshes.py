@@ -81,7 +81,7 @@ def test_a_mesh_takes_its_devices_in_its_order() -> None:
         ("8-x-auto", [0, 1, 2, 3, 4, 5, 6, 7]),
         ("8-x-explicit-reversed", [7, 6, 5, 4, 3, 2, 1, 0]),
         ("2x4-y-auto-v5e", [0, 1, 2, 3, 7, 6, 5, 4]),
-        ("8-x-auto-v5p", [0, 4, 2, 6, 1, 5, 3, 7]),
+        ("8-x-explicit-v5p", [0, 4, 2, 6, 1, 5, 3, 7]),
         ("3-x-explicit", [0, 1, 2]),
     ]:
         mesh = meshes.build_mesh(parse_mesh(label), "cpu")
