@@ -29,6 +29,7 @@ import functools
 import importlib.metadata
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,18 +273,22 @@ def judge(topology: str) -> str:
 COMPILE_OPTIONS = {"xla_gpu_autotune_level": 0}
 
 
-def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> Any:
+def compile_on(
+    fn: Any, args: tuple[jax.ShapeDtypeStruct, ...], *, options: dict[str, Any] | None = None
+) -> Any:
     """``jit(fn)`` lowered and compiled for the GPUs ``args`` are sharded on: :class:`CompilerRefusal`
     quoting XLA:GPU where it refuses. JAX's compilation cache is bypassed (a compile-only client's
     executable cannot be read back; :mod:`conformance.target_compiles` keeps what the checks read
-    instead); with :data:`COMPILE_OPTIONS`."""
+    instead); with :data:`COMPILE_OPTIONS`, then ``XLA_FLAGS``, the run's ``--compiler-option`` pairs
+    XLA:GPU knows and ``options``."""
     compiler = f"XLA:GPU {plugin_version()} jaxlib {jax.__version__} mocked {mock_topology()}"
     traced = jax.jit(fn).trace(*args)  # what raises here is the kernel's own, raised while tracing
+    given = {**COMPILE_OPTIONS, **target_compiles.user_options(sys.modules[__name__]), **(options or {})}
     try:
         with compilation_cache.bypassed():
             lowered = traced.lower()
             return target_compiles.compile_lowered(
-                lowered, compiler=compiler, devices=target_compiles.device_ids(args), options=COMPILE_OPTIONS
+                lowered, compiler=compiler, devices=target_compiles.device_ids(args), options=given
             )
     except target_compiles.Refused as e:
         raise CompilerRefusal(first_lines(str(e))) from e

@@ -29,6 +29,9 @@ Options:
     every test that needs it.
 ``--hang-timeout=SECONDS``, ``--check-timeout=SECONDS``, ``--isolation=process|off``
     the bounds on a Pallas kernel in interpret mode (see :mod:`conformance.isolation`).
+``--compiler-option=NAME=VALUE`` (repeatable), ``--behind-compiler=report|fail``
+    an option for every compile for a TPU or GPU topology (recorded with each verdict); whether a
+    kernel behind the compiler's own collective matmul fails (:mod:`conformance.checks.tpu_schedule`).
 ``--compilation-cache=DIR|off``
     where JAX's persistent compilation cache lives (:mod:`conformance.compilation_cache`).
 ``-n auto`` (pytest-xdist)
@@ -74,6 +77,8 @@ from conformance import (
     runner,
     specs,
     strategies,
+    target_compiles,
+    tpu_compiler,
 )
 from conformance.checks.base import Axes
 from conformance.fixtures import devices as devices_lib
@@ -85,7 +90,7 @@ from conformance.plugin_report import (
     STARTED,
     run_log,
 )
-from conformance.session import ISOLATION_MODES, Session, Settings
+from conformance.session import BEHIND_COMPILER_MODES, ISOLATION_MODES, Session, Settings
 from conformance.specs.base import FIXED_SHAPES
 
 #: The markers the suite's tests carry, registered by the plugin (so ``--strict-markers`` works anywhere).
@@ -138,6 +143,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=Settings.isolation,
         help="process (default): check Pallas kernels on CPU in a worker process that can "
         "be stopped whatever hangs; off: in this process",
+    )
+    group.addoption(
+        "--compiler-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a compiler option for every compile for a TPU or GPU topology whose compiler knows it "
+        "(e.g. xla_tpu_all_gather_collective_matmul_mode=post_spmd), beside XLA_FLAGS and "
+        "LIBTPU_INIT_ARGS; recorded with each verdict; one no available compiler knows is a usage error",
+    )
+    group.addoption(
+        "--behind-compiler",
+        choices=BEHIND_COMPILER_MODES,
+        default=Settings.behind_compiler,
+        help="report (default): the schedule tables say where a kernel leaves more bytes exposed than "
+        "the compiler's own collective matmul; fail: the schedule checks fail it there",
     )
     group.addoption(
         "--compilation-cache",
@@ -247,9 +268,17 @@ def pytest_configure(config: pytest.Config) -> None:
             hang_timeout_s=config.getoption("hang_timeout"),
             check_timeout_s=config.getoption("check_timeout"),
             isolation=config.getoption("isolation"),
+            behind_compiler=config.getoption("behind_compiler"),
+            compiler_options=target_compiles.parse_options(config.getoption("compiler_option")),
         )
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
+    if run_settings.compiler_options and not plugin_xdist.is_worker(config):
+        problem = target_compiles.check_user_options(
+            run_settings.compiler_options, [tpu_compiler, gpu_compiler]
+        )
+        if problem is not None:
+            raise pytest.UsageError(problem)
     session = Session(run_settings)
     session.log = results.RunLog(unsent=[] if plugin_xdist.is_worker(config) else None)
     config.stash[SESSION] = session

@@ -65,6 +65,12 @@ class Implementation:
     #: XLA's own op, the oracle the others are compared with; exempt from the
     #: family's collective rule (it is what the rule is measured against).
     baseline: bool = False
+    #: The compiler's own form of the family's op (``jax.jit`` of its math with its shardings, no
+    #: ``shard_map``): a baseline the schedule and memory checks hold every kernel beside.
+    compilers_own: bool = False
+    #: It declares it leaves no more bytes exposed than the compiler's own collective matmul in the
+    #: compiled schedules: being behind it fails the schedule checks (without it, reported).
+    ahead_of_compiler: bool = False
     #: Free-form notes shown in reports (e.g. "bidirectional ring").
     description: str = ""
     #: A Pallas TPU kernel: accepts ``interpret=`` (the suite passes
@@ -176,6 +182,8 @@ def register(
     *,
     name: str,
     baseline: bool = False,
+    compilers_own: bool = False,
+    ahead_of_compiler: bool = False,
     description: str = "",
     pallas: bool = False,
     lowering_targets: tuple[str, ...] | None = None,
@@ -187,6 +195,13 @@ def register(
     **options: object,
 ) -> Callable[[F], F]:
     """Register ``fn`` as an implementation of ``family`` under ``name``; returns ``fn`` unchanged.
+
+    ``baseline=True`` marks XLA's own op written as the family's math (the oracle of accuracy and
+    memory); ``compilers_own=True`` marks the family's math left to the compiler (``jax.jit`` with
+    the family's shardings), the collective matmul XLA builds by itself. Both are exempt from the
+    family's collective rule and reported, not judged, by the schedule and memory checks.
+    ``ahead_of_compiler=True`` declares a kernel leaves no more bytes exposed than the compiler's own
+    in the compiled schedules: there, being behind fails (``--behind-compiler=fail`` does so for all).
 
     ``pallas=True`` declares a Pallas TPU kernel taking an ``interpret`` keyword;
     its default ``lowering_targets`` is ``("tpu",)``, otherwise ``("tpu", "cuda")``.
@@ -246,7 +261,9 @@ def register(
             family,
             name,
             fn,
-            baseline=baseline,
+            baseline=baseline or compilers_own,
+            compilers_own=compilers_own,
+            ahead_of_compiler=ahead_of_compiler,
             description=description,
             pallas=pallas,
             lowering_targets=tuple(lowering_targets),
@@ -304,6 +321,17 @@ def registered(family: str, pattern: str | None = None) -> list[Implementation]:
         globs = [p.strip() for p in pattern.split(",") if p.strip()]
         impls = [i for i in impls if any(fnmatch.fnmatchcase(i.name, g) for g in globs)]
     return impls
+
+
+def reference_baseline(family: str) -> Implementation | None:
+    """The family's baseline written as its math (``baseline=True``, not the compiler's own form):
+    what accuracy and memory are held against; ``None`` if none is registered."""
+    return next((i for i in registered(family) if i.baseline and not i.compilers_own), None)
+
+
+def compilers_own(family: str) -> Implementation | None:
+    """The family's op left to the compiler (``compilers_own=True``), ``None`` if none is registered."""
+    return next((i for i in registered(family) if i.compilers_own), None)
 
 
 def get(family: str, name: str) -> Implementation:

@@ -23,6 +23,9 @@ from typing import Any
 #: Where a Pallas kernel on CPU is checked: "process" (a worker process that can be stopped
 #: whatever hangs) or "off" (this process).
 ISOLATION_MODES = ("process", "off")
+#: What a kernel whose compiled schedule leaves more bytes exposed than the compiler's own collective
+#: matmul gets: "report" (the tables say it is behind) or "fail" (the schedule check fails it).
+BEHIND_COMPILER_MODES = ("report", "fail")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +41,19 @@ class Settings:
     check_timeout_s: float = 300.0
     #: :data:`ISOLATION_MODES`.
     isolation: str = "process"
+    #: :data:`BEHIND_COMPILER_MODES`.
+    behind_compiler: str = "report"
+    #: Compiler options (name, value) given to every compile for a TPU or GPU topology whose compiler
+    #: knows them (``--compiler-option``), beside the flags of ``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS``.
+    compiler_options: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation {self.isolation!r} is not one of {ISOLATION_MODES}")
+        if self.behind_compiler not in BEHIND_COMPILER_MODES:
+            raise ValueError(
+                f"behind_compiler {self.behind_compiler!r} is not one of {BEHIND_COMPILER_MODES}"
+            )
         for name in ("hang_timeout_s", "abort_grace_s", "check_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, not {getattr(self, name)!r}")

@@ -20,7 +20,9 @@ unpickled.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib
 import json
 import os
 import tempfile
@@ -80,6 +82,8 @@ class TargetCompile:
     memory: MemoryStats | None
     seconds: float  #: how long the compile took where it was made
     from_store: bool = False  #: read back, not compiled in this process
+    #: The flags it was compiled under (:func:`flags_in_effect`).
+    flags: str = "compiler defaults"
 
     def as_text(self) -> str | None:
         return self.text
@@ -118,6 +122,101 @@ def device_ids(args: Any) -> list[int]:
     return []
 
 
+def typed_value(value: str) -> bool | int | float | str:
+    """A compile option's value as XLA takes it through ``compiler_options``: ``true``/``false`` a
+    bool, a number an int or float, anything else the text ("'true' is not a valid bool value"
+    otherwise)."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            continue
+    return value
+
+
+def parse_options(given: list[str] | tuple[str, ...]) -> tuple[tuple[str, bool | int | float | str], ...]:
+    """``--compiler-option`` values (``NAME=VALUE``) as (name, typed value) pairs (:func:`typed_value`);
+    ``ValueError`` naming a value that is not of that form."""
+    pairs = []
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip() or " " in name.strip():
+            raise ValueError(
+                f"--compiler-option {item!r} is not NAME=VALUE (e.g. xla_gpu_dot_merger_threshold_mb=0)"
+            )
+        pairs.append((name.strip(), typed_value(value.strip())))
+    return tuple(pairs)
+
+
+#: The suite's own flag (simulated CPU devices), which no TPU or GPU compile reads.
+_OWN_FLAG = "--xla_force_host_platform_device_count"
+
+
+def flags_in_effect(options: dict[str, Any] | None) -> str:
+    """The flags a compile ran under, as a verdict quotes them: the environment variables XLA and
+    libtpu read (less the suite's own CPU device count) and the compile options, or
+    ``compiler defaults``."""
+    parts = []
+    for name in FLAG_VARIABLES:
+        flags = [f for f in os.environ.get(name, "").split() if not f.startswith(_OWN_FLAG)]
+        if flags:
+            parts.append(f"{name}={' '.join(flags)!r}")
+    parts += [f"{name}={value}" for name, value in sorted((options or {}).items())]
+    return ", ".join(parts) or "compiler defaults"
+
+
+def probe_option(compiler: Any, name: str, value: object) -> str | None:
+    """What ``compiler`` (:mod:`~conformance.tpu_compiler` or :mod:`~conformance.gpu_compiler`) says
+    to compile option ``name=value`` on a one-device program: ``None`` if it takes it, else its
+    words ("No such compile option" where it does not know the name)."""
+    device = compiler.topology_devices(compiler.topology_for(8))[0]
+    arg = jax.ShapeDtypeStruct((8, 128), "float32", sharding=jax.sharding.SingleDeviceSharding(device))
+    from conformance import compilation_cache
+
+    try:
+        with compilation_cache.bypassed():
+            jax.jit(lambda x: x + 1).lower(arg).compile(compiler_options={name: value})
+    except Exception as e:  # XlaRuntimeError or JaxRuntimeError, by version
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+    return None
+
+
+@functools.cache
+def _knows(compiler_module: str, name: str, value: object) -> bool:
+    said = probe_option(importlib.import_module(compiler_module), name, value)
+    return said is None or "No such compile option" not in said
+
+
+def user_options(compiler: Any) -> dict[str, object]:
+    """The run's ``--compiler-option`` pairs (:attr:`conformance.session.Settings.compiler_options`)
+    that ``compiler`` knows: an option for XLA:TPU is not given to XLA:GPU."""
+    pairs = session_lib.current().settings.compiler_options
+    return {name: value for name, value in pairs if _knows(compiler.__name__, name, value)}
+
+
+def check_user_options(pairs: tuple[tuple[str, object], ...], compilers: list[Any]) -> str | None:
+    """``None`` if each option of ``pairs`` is taken by one of the available ``compilers``, else why
+    not, quoting each compiler: a usage error, found before any check runs."""
+    available = [c for c in compilers if c.available()]
+    if pairs and not available:
+        names = ", ".join(f"{n}={v}" for n, v in pairs)
+        return f"--compiler-option {names}: no TPU or GPU compiler is installed here to take it"
+    for name, value in pairs:
+        said = {c.NAME: probe_option(c, name, value) for c in available}
+        if any(words is None for words in said.values()):
+            continue
+        quoted = "; ".join(f"{compiler}: {words}" for compiler, words in said.items())
+        return f"--compiler-option {name}={value} is refused by every compiler here ({quoted})"
+    return None
+
+
+class UnknownOption(Exception):
+    """An option the user gave (``--compiler-option``) that the compiler does not know; the message
+    quotes the compiler."""
+
+
 #: In this process: key -> a compile or a refusal's message.
 _MEMORY: dict[str, TargetCompile | str] = {}
 
@@ -127,7 +226,8 @@ def compile_lowered(
 ) -> TargetCompile:
     """``lowered.compile(compiler_options=options)`` as a :class:`TargetCompile`, or the one kept from
     an earlier compile of the same program for the same ``devices``; :class:`Refused` with the
-    compiler's words where it refuses (a refusal is kept too)."""
+    compiler's words where it refuses (a refusal is kept too). The compile's :attr:`~TargetCompile.
+    flags` say which flags it ran under."""
     key = key_of(lowered, compiler=compiler, options=options, devices=devices)
     kept = _MEMORY.get(key)
     if kept is None:
@@ -148,7 +248,7 @@ def compile_lowered(
         _write(key, kept)
     if isinstance(kept, str):
         raise Refused(kept)
-    return kept
+    return dataclasses.replace(kept, flags=flags_in_effect(options))
 
 
 def _directory() -> Path | None:

@@ -19,6 +19,7 @@ import functools
 import importlib.metadata
 import math
 import re
+import sys
 from typing import Any
 
 import jax
@@ -182,8 +183,11 @@ def judge(topology: str) -> str:
     return f"libtpu {libtpu_version()} ({topology})"
 
 
-def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> target_compiles.TargetCompile:
-    """``jit(fn)`` lowered and compiled for the devices ``args`` are sharded on, as on a TPU host:
+def compile_on(
+    fn: Any, args: tuple[jax.ShapeDtypeStruct, ...], *, options: dict[str, str] | None = None
+) -> target_compiles.TargetCompile:
+    """``jit(fn)`` lowered and compiled for the devices ``args`` are sharded on, as on a TPU host,
+    under ``LIBTPU_INIT_ARGS``, the run's ``--compiler-option`` pairs libtpu knows and ``options``:
     :class:`CompilerRefusal` quoting the toolchain where it refuses (JAX's side of Mosaic while
     lowering, XLA:TPU and Mosaic in libtpu while compiling). A kernel's own
     :class:`~conformance.mosaic.TpuConstraintError` propagates as it is. A program compiled before
@@ -191,11 +195,15 @@ def compile_on(fn: Any, args: tuple[jax.ShapeDtypeStruct, ...]) -> target_compil
     from conformance.mosaic import TpuConstraintError
 
     traced = jax.jit(fn).trace(*args)  # what raises here is the kernel's own, raised while tracing
+    given = {**target_compiles.user_options(sys.modules[__name__]), **(options or {})}
     try:
         with compilation_cache.bypassed():
             lowered = traced.lower()
             return target_compiles.compile_lowered(
-                lowered, compiler=f"libtpu {libtpu_version()}", devices=target_compiles.device_ids(args)
+                lowered,
+                compiler=f"libtpu {libtpu_version()}",
+                devices=target_compiles.device_ids(args),
+                options=given or None,
             )
     except TpuConstraintError:
         raise

@@ -201,3 +201,17 @@ def with_ring_vjp(
 
     ring.defvjp(ring_fwd, ring_bwd)
     return ring
+
+
+def sharded_dot(a: jax.Array, b: jax.Array, *, out: jax.sharding.NamedSharding) -> jax.Array:
+    """``a @ b`` in the accumulator dtype of ``a``, its result sharded as ``out``, left to XLA's
+    partitioner (no ``shard_map``): the compiler decides how the operands move. On a mesh whose axes
+    are ``Explicit`` the sharding is the dot's ``out_sharding`` (the only spelling that types such a
+    result); on ``Auto`` axes it is a sharding constraint on the result."""
+    kinds = dict(zip(out.mesh.axis_names, out.mesh.axis_types, strict=True))
+    named = {n for part in out.spec if part is not None for n in ((part,) if isinstance(part, str) else part)}
+    explicit = {n for n in named if "Explicit" in str(kinds[n])}
+    accumulator = accumulator_dtype(a.dtype)
+    if explicit:
+        return jnp.dot(a, b, preferred_element_type=accumulator, out_sharding=out)
+    return jax.lax.with_sharding_constraint(jnp.dot(a, b, preferred_element_type=accumulator), out)

@@ -59,10 +59,10 @@ BACKWARD_ACCURACY_CURE = (
 
 
 def baseline_of(family: str) -> str:
-    found = [i.name for i in registry.registered(family) if i.baseline]
-    if not found:
+    found = registry.reference_baseline(family)
+    if found is None:
         raise ValueError(f"family {family} has no registered baseline to compare accuracy with")
-    return found[0]
+    return found.name
 
 
 def _on_the_baseline(case: Case, baseline: str) -> tuple[Case, Any, Any]:

@@ -203,10 +203,13 @@ def compiled_module_bytes(
                 what = f"the {compiler.NAME} compiler refuses its {name} pass ({topology})"
                 raise fail(case, check, what, [f"compiler       : {refusal}"]) from refusal
 
-        summary = hlo.parse_hlo(tpu_schedule.module_text(call_kernel(case, check, compiled), topology))
+        module = call_kernel(case, check, compiled)
+        summary = hlo.parse_hlo(tpu_schedule.module_text(module, topology))
         bound_of = spec.backward_max_received_bytes if backward else spec.max_received_bytes
         bound = bound_of(case.dims_map, n, itemsize)
-        where = f"{case.mesh.label} {compiler.NAME.lower()} {name} compiled ({topology})"
+        flags = getattr(module, "flags", "compiler defaults")
+        under = "" if flags == "compiler defaults" else f"; {flags}"
+        where = f"{case.mesh.label} {compiler.NAME.lower()} {name} compiled ({topology}{under})"
         records.append(ByteRecord.of(case, summary, bound, where=where))
         if impl.baseline:
             continue

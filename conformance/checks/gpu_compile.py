@@ -29,8 +29,9 @@ from typing import Any
 from conformance import gpu_compiler
 from conformance.checks.base import Check, NotJudged, keeping
 from conformance.checks.collectives import ByteRecord, byte_table, compiled_module_bytes
+from conformance.checks.target_tables import schedule_table
 from conformance.checks.tpu_memory import TpuMemoryRecord, check_memory, memory_table
-from conformance.checks.tpu_schedule import TpuScheduleRecord, check_schedule, ring_topologies, schedule_table
+from conformance.checks.tpu_schedule import TpuScheduleRecord, check_schedule, ring_topologies
 from conformance.runner import Case
 
 #: The ring lengths the tier compiles for, the mesh labels of its cases.

@@ -25,14 +25,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from conformance import registry, tpu_compiler
+from conformance import compat, registry, tpu_compiler
 from conformance.checks.base import Check, NotJudged, fail, keeping
+from conformance.checks.target_tables import size_legend, topology_rows
 from conformance.checks.tpu_schedule import (
     SCHEDULE_TOPOLOGIES,
     compiled_on_topology,
     compiled_or_fail,
+    compilers_own_case,
     ring_topologies,
-    topology_rows,
 )
 from conformance.runner import Case
 
@@ -58,12 +59,24 @@ class TpuMemoryRecord:
     baseline_code: int
     baseline: bool
     judge: str
+    #: The compiler's own collective matmul's peak at the same topology and shapes (``None``: the
+    #: family has none, this jaxlib reports no peak, or this is it).
+    compiler_peak: int | None = None
+    compilers_own: bool = False
+    #: The flags of the compile (:func:`conformance.target_compiles.flags_in_effect`).
+    flags: str = "compiler defaults"
 
     @property
     def ratio(self) -> float | None:
         if self.peak is None or not self.baseline_peak:
             return None
         return self.peak / self.baseline_peak
+
+    @property
+    def compiler_ratio(self) -> float | None:
+        if self.peak is None or not self.compiler_peak:
+            return None
+        return self.peak / self.compiler_peak
 
 
 def memory_dims(family: str, impl: str) -> tuple[dict[str, int], ...]:
@@ -75,10 +88,10 @@ def memory_dims(family: str, impl: str) -> tuple[dict[str, int], ...]:
 
 
 def _baseline(family: str) -> str:
-    found = [i.name for i in registry.registered(family) if i.baseline]
-    if not found:
+    found = registry.reference_baseline(family)
+    if found is None:
         raise NotJudged(f"family {family} has no registered baseline to hold its memory against")
-    return found[0]
+    return found.name
 
 
 def check_tpu_memory(case: Case) -> list[TpuMemoryRecord]:
@@ -108,13 +121,21 @@ def check_memory(
 def _judge(
     case: Case, base_case: Case, topology: str, records: list[Any], *, compiler: Any, check: str, record: type
 ) -> None:
-    stats = compiled_or_fail(case, topology, check).memory_analysis()
+    compiled = compiled_or_fail(case, topology, check)
+    stats = compiled.memory_analysis()
     try:
         base = compiled_on_topology(base_case, topology).memory_analysis()
     except compiler.CompilerRefusal as refusal:
         raise NotJudged(
             f"the baseline {base_case.impl} does not compile for {topology}: {refusal}"
         ) from refusal
+    own = compilers_own_case(case)
+    own_stats = None
+    if own is not None and not case.implementation.baseline:
+        try:
+            own_stats = compiled_on_topology(own, topology).memory_analysis()
+        except (compiler.CompilerRefusal, compat.HostLimit):
+            own_stats = None  # reported without the comparison
     made = record(
         case.family,
         case.impl,
@@ -130,6 +151,9 @@ def _judge(
         base.generated_code_size_in_bytes,
         case.implementation.baseline,
         compiler.judge(topology),
+        compiler_peak=getattr(own_stats, "peak_memory_in_bytes", None),
+        compilers_own=case.implementation.compilers_own,
+        flags=getattr(compiled, "flags", "compiler defaults"),
     )
     records.append(made)
     if made.baseline:
@@ -152,7 +176,7 @@ def _judge(
                 f"threshold      : at most {PEAK_RATIO}x the baseline's peak",
                 f"temporaries    : {_mib(made.temp)}; arguments {_mib(made.argument)}, output "
                 f"{_mib(made.output)}",
-                f"judge          : {made.judge}, Compiled.memory_analysis()",
+                f"judge          : {made.judge}, Compiled.memory_analysis(), under {made.flags}",
             ],
         )
 
@@ -168,19 +192,27 @@ def memory_table(records: list[Any], name: str, *, device: str) -> list[tuple[st
     if not records:
         return []
     title = (
-        f"{name} memory: peak HBM per {device} (x the baseline's; fails above {PEAK_RATIO}x) and generated "
-        f"code, per size, compiled by the real {name} compiler"
+        f"{name} memory: peak HBM per {device} (x the baseline's, fails above {PEAK_RATIO}x; x the "
+        f"compiler's own collective matmul's) and generated code, per size, compiled by the real {name} "
+        "compiler"
     )
+
+    number, legend = size_legend(records)
 
     def cells(recs: list[Any]) -> str:
         out = []
-        for r in sorted(recs, key=lambda r: sorted(r.dims)):
+        for r in sorted(recs, key=lambda r: number[(r.family, r.dims)]):
             peak = "peak n/a" if r.peak is None else _mib(r.peak)
-            ratio = "" if r.baseline or r.ratio is None else f" ({r.ratio:.2f}x)"
-            out.append(f"{peak}{ratio}, code {_mib(r.code)}")
+            ratios = []
+            if not r.baseline and r.ratio is not None:
+                ratios.append(f"{r.ratio:.2f}x")
+            if getattr(r, "compiler_ratio", None) is not None:
+                ratios.append(f"{r.compiler_ratio:.2f}x the compiler's own")
+            ratio = f" ({', '.join(ratios)})" if ratios else ""
+            out.append(f"#{number[(r.family, r.dims)]}: {peak}{ratio}, code {_mib(r.code)}")
         return "  |  ".join(out)
 
-    return [(title, topology_rows(records, cells, baseline_note="baseline"))]
+    return [(title, [*legend, *topology_rows(records, cells, baseline_note="shard_map baseline")])]
 
 
 def _mib(nbytes: int | None) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 
 from conformance import compat, mosaic, tpu_compiler
 from conformance.checks.base import Check, NotJudged, call_kernel, fail, keeping
-from conformance.checks.tpu_schedule import compiled_on_topology, judges_line
+from conformance.checks.target_tables import judges_line
+from conformance.checks.tpu_schedule import compiled_on_topology
 from conformance.runner import Case
 
 #: The pod meshes: 1-D rings over a whole v5e slice.

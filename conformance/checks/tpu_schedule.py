@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 
-from conformance import compat, dtypes, hlo, runner, tpu_compiler
+from conformance import compat, dtypes, hlo, registry, runner, tpu_compiler
+from conformance import session as session_lib
+from conformance.checks import target_tables
 from conformance.checks.base import Check, NotJudged, call_kernel, fail, keeping
 from conformance.checks.overlap import PALLAS_OVERLAP
+from conformance.checks.target_tables import size_text
 from conformance.runner import Case
 
 #: The slices each ring length compiles for: one TPU generation with 4 ICI links per chip (v5e) and
@@ -57,6 +59,17 @@ class TpuScheduleRecord:
     order: str  #: the run order in letters (:meth:`conformance.hlo.Schedule.order_text`)
     baseline: bool
     judge: str  #: ``libtpu 0.0.42.1 (v5e:2x4)``
+    #: Bytes a device receives per call in transfers with no matmul inside them.
+    exposed_bytes: int = 0
+    #: The compiler's own collective matmul (``compilers_own``), or one of its compile modes.
+    compilers_own: bool = False
+    #: The compiler's own collective matmul's exposed bytes at this topology and size (``None``: the
+    #: family has none, or it did not compile), and where this kernel stands beside it: ``ahead``
+    #: (fewer bytes exposed), ``level``, ``behind``, or ``""`` (not compared).
+    compiler_exposed: int | None = None
+    standing: str = ""
+    #: The flags of the compile (:func:`conformance.target_compiles.flags_in_effect`).
+    flags: str = "compiler defaults"
 
 
 def _hop_bytes(module: hlo.HloModule) -> int:
@@ -116,22 +129,31 @@ def compiler_of(topology: str) -> Any:
     return gpu_compiler if topology.split(":", 1)[0] in gpu_compiler.TARGETS else tpu_compiler
 
 
-@functools.lru_cache(maxsize=64)
-def compiled_on_topology(case: Case, topology: str) -> Any:
+def compiled_on_topology(case: Case, topology: str, *, options: tuple[tuple[str, object], ...] = ()) -> Any:
     """``case``'s kernel compiled by the real compiler of ``topology`` (its forward pass, on a mesh of
-    the case's shape over the topology's devices; :func:`compiler_of`): one compile shared by every
-    check of the TPU (or GPU) tier. :class:`~conformance.tpu_compiler.CompilerRefusal` where the
-    compiler refuses it."""
+    the case's shape over the topology's devices; :func:`compiler_of`), with compile ``options``
+    besides the run's: one compile shared by every check of the TPU (or GPU) tier.
+    :class:`~conformance.tpu_compiler.CompilerRefusal` where the compiler refuses it."""
+    return _compiled(case, topology, options, session_lib.current().settings.compiler_options)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(case: Case, topology: str, options: tuple, run_options: tuple) -> Any:
+    # run_options (the run's --compiler-option pairs, which compile_on reads) only key the cache
     compiler = compiler_of(topology)
     mesh = compiler.mesh_on(case.mesh, topology)
     fn = runner.kernel_on(case, mesh)
-    return compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh))
+    return compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh), options=dict(options) or None)
 
 
-@functools.lru_cache(maxsize=32)
 def compiled_pullback_on_topology(case: Case, topology: str) -> Any:
     """``case``'s VJP (:func:`conformance.runner.pullback_of`: the backward pass as a training step
     runs it) compiled by the real compiler of ``topology``."""
+    return _compiled_pullback(case, topology, session_lib.current().settings.compiler_options)
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled_pullback(case: Case, topology: str, run_options: tuple) -> Any:
     compiler = compiler_of(topology)
     mesh = compiler.mesh_on(case.mesh, topology)
     fn = runner.kernel_on(case, mesh)
@@ -170,11 +192,158 @@ def compiled_or_fail(case: Case, topology: str, check: str) -> Any:
     return call_kernel(case, check, compile_it)
 
 
+#: The compile modes a compiler (by ``NAME``) has for its own collective matmul of a family besides
+#: its default, each compiled for the compiler's own baseline where the compiler knows the option
+#: (libtpu 0.0.17 does not): XLA:TPU's post-SPMD all-gather collective matmul, which libtpu says
+#: replaces its "collective matmul V1" (it leaves a matmul + reduce-scatter as it was); XLA:GPU's
+#: windowed einsum, off by default (deviceless, jaxlib 0.10.2 forms no loop with it; 0.12 forms one
+#: for the all-gather and its verifier refuses the reduce-scatter's: the refusal is recorded).
+COMPILER_MODES: dict[tuple[str, str], dict[str, dict[str, object]]] = {
+    ("TPU", "allgather_matmul"): {"post_spmd": {"xla_tpu_all_gather_collective_matmul_mode": "post_spmd"}},
+    **{
+        ("GPU", family): {
+            "windowed_einsum": {
+                "xla_gpu_threshold_for_windowed_einsum_mib": 0,
+                "xla_gpu_multi_streamed_windowed_einsum": True,
+            }
+        }
+        for family in ("allgather_matmul", "matmul_reduce_scatter")
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Serializer:
+    """A compiler transformation known to serialize a ring's transfers behind its matmuls: what it
+    does, the options that turn it off, and the change to a kernel that avoids it."""
+
+    what: str
+    options: tuple[tuple[str, object], ...]
+    avoid: str
+
+
+#: What the failing schedule check turns off, one at a time, to name why transfers are exposed (each
+#: where the compiler knows its option). XLA:GPU's dot merger is the one found on the GPU tier's
+#: kernels (``broken_agmm_steps_share_the_weight``: 0/14 hidden, 14/14 without it, jaxlib 0.10.2);
+#: its collective-permute combiner and a latency-hiding scheduler left off by the user's flags are
+#: the others XLA:GPU has flags for. XLA:TPU's async collective fusion and collective-permute
+#: combiner are the TPU's (neither hides the fori_loop matmul + reduce-scatter ring, libtpu 0.0.42:
+#: that one is its loop's own dataflow, and the verdict says none did).
+SERIALIZERS: dict[str, tuple[Serializer, ...]] = {
+    "GPU": (
+        Serializer(
+            "XLA:GPU's dot merger merged step matmuls that share an operand into fewer dots, each after "
+            "several transfers",
+            (("xla_gpu_dot_merger_threshold_mb", 0),),
+            "give each step's matmul its own copy of the shared operand (an optimization_barrier per step, "
+            "as conformance.kernels._ring.unmerged does), or run with that flag",
+        ),
+        Serializer(
+            "XLA:GPU's collective-permute combiner merged the ring's transfers into fewer, larger ones",
+            (("xla_gpu_collective_permute_combine_threshold_bytes", 0),),
+            "make each step's transfer depend on the step before it (the built-ins pace the ring with an "
+            "optimization_barrier), or run with that flag",
+        ),
+        Serializer(
+            "XLA:GPU's latency-hiding scheduler is off under these flags",
+            (("xla_gpu_enable_latency_hiding_scheduler", True),),
+            "run with XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true",
+        ),
+    ),
+    "TPU": (
+        Serializer(
+            "XLA:TPU's async collective fusion fused a transfer's result into the computation after it",
+            (("xla_tpu_enable_async_collective_fusion", False),),
+            "keep what consumes a received block apart from the next step's matmul (an "
+            "optimization_barrier), or run with that flag",
+        ),
+        Serializer(
+            "XLA:TPU's collective-permute combiner merged the ring's transfers",
+            (("xla_tpu_enable_collective_permute_combiner", False),),
+            "make each step's transfer depend on the step before it, or run with that flag",
+        ),
+    ),
+}
+
+
+def passes_rule(scheduled: hlo.Schedule) -> bool:
+    """Every transfer but one per ring direction has a matmul inside it, and at least one does."""
+    return bool(scheduled.hidden) and scheduled.total - scheduled.hidden <= scheduled.rings
+
+
+def why_exposed(case: Case, topology: str, *, compiler: Any) -> list[str]:
+    """The verdict's lines on the cause: the first of :data:`SERIALIZERS` whose removal lets the
+    case's transfers hide (recompiled with it off), or that none of them does."""
+    tried = []
+    for serializer in SERIALIZERS.get(compiler.NAME, ()):
+        flags = ", ".join(f"{k}={v}" for k, v in serializer.options)
+        try:
+            _, scheduled = _scheduled(
+                compiled_on_topology(case, topology, options=serializer.options), topology
+            )
+        except (tpu_compiler.CompilerRefusal, compat.HostLimit, hlo.HloParseError):
+            continue  # a compiler without the option, or a module it cannot read: not this one
+        tried.append(flags)
+        if passes_rule(scheduled):
+            return [
+                f"cause          : {serializer.what} (with {flags}: {scheduled.fraction} hidden, run order "
+                f"{scheduled.order_text()[:120]})",
+                f"avoid          : {serializer.avoid}",
+            ]
+    if not tried:
+        return []
+    return [
+        "cause          : none of the known serializing transformations, each turned off "
+        f"({'; '.join(tried)}), lets its transfers hide: the kernel's own dataflow or the scheduler's "
+        "cost model orders them so"
+    ]
+
+
+def standing_of(exposed: int, compiler_exposed: int | None) -> str:
+    """Where a kernel whose schedule leaves ``exposed`` bytes exposed stands beside the compiler's own
+    collective matmul (``compiler_exposed``): ``ahead``, ``level``, ``behind``, or ``""``."""
+    if compiler_exposed is None:
+        return ""
+    return "ahead" if exposed < compiler_exposed else "level" if exposed == compiler_exposed else "behind"
+
+
+def compilers_own_case(case: Case) -> Case | None:
+    """The case of the family's own op left to the compiler (:func:`conformance.registry.compilers_own`)
+    at ``case``'s mesh, sizes and dtype; ``None`` where the family has none or it does not take the
+    case's form (a batched kernel's dims)."""
+    own = registry.compilers_own(case.family)
+    if own is None or own.name == case.impl:
+        return None
+    if set(dict(case.dims)) != set(registry.spec_of(case.family, own.name).dims):
+        return None
+    return Case.make(case.family, own.name, case.mesh, dict(case.dims), case.dtype)
+
+
+def _scheduled(compiled: Any, topology: str) -> tuple[hlo.HloModule, hlo.Schedule]:
+    module = hlo.parse_module(module_text(compiled, topology))
+    return module, hlo.schedule(module)
+
+
+def _compiler_exposed(case: Case, topology: str) -> tuple[int | None, str]:
+    """The compiler's own collective matmul's exposed bytes and run order at ``case``'s topology and
+    size; ``(None, why)`` where there is none to compare with."""
+    own = compilers_own_case(case)
+    if own is None:
+        return None, ""
+    try:
+        _, scheduled = _scheduled(compiled_on_topology(own, topology), topology)
+    except (tpu_compiler.CompilerRefusal, compat.HostLimit) as e:
+        return None, f"{own.impl} does not compile for {topology}: {e}"
+    return scheduled.exposed_bytes, scheduled.order_text()
+
+
 def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, check: str, record: type) -> None:
     impl = case.implementation
     judge = compiler.judge(topology)
-    module = hlo.parse_module(module_text(compiled_or_fail(case, topology, check), topology))
-    scheduled = hlo.schedule(module)
+    compiled = compiled_or_fail(case, topology, check)
+    module, scheduled = _scheduled(compiled, topology)
+    compiler_exposed, compiler_order = (None, "") if impl.baseline else _compiler_exposed(case, topology)
+    standing = standing_of(scheduled.exposed_bytes, compiler_exposed)
     records.append(
         record(
             case.family,
@@ -188,14 +357,36 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             scheduled.order_text(),
             impl.baseline,
             judge,
+            exposed_bytes=scheduled.exposed_bytes,
+            compilers_own=impl.compilers_own,
+            compiler_exposed=compiler_exposed,
+            standing=standing,
+            flags=getattr(compiled, "flags", "compiler defaults"),
         )
     )
+    if impl.compilers_own:
+        _record_modes(case, topology, records, compiler=compiler, record=record)
     if impl.baseline:
         return
     if not scheduled.transfers:
         raise NotJudged(f"the module compiled for {topology} has no collective: no transfer to judge")
-    exposed = scheduled.total - scheduled.hidden
-    if scheduled.hidden and exposed <= scheduled.rings:
+    if passes_rule(scheduled):
+        if standing == "behind" and behind_fails(case):
+            raise fail(
+                case,
+                check,
+                "its transfers leave more bytes exposed than the compiler's own collective matmul "
+                f"({topology})",
+                [
+                    f"exposed        : {size_text(scheduled.exposed_bytes)} per call received in transfers "
+                    f"with no matmul inside them; the compiler's own (jit of the family's math): "
+                    f"{size_text(compiler_exposed or 0)}",
+                    f"run order      : {scheduled.order_text()}",
+                    f"compiler's own : {compiler_order}",
+                    f"rule           : {_behind_rule(case)}",
+                    f"judge          : {judge}, under {getattr(compiled, 'flags', 'compiler defaults')}",
+                ],
+            )
         return
     shown = [t for t in scheduled.transfers if not t.hidden][:6]
     raise fail(
@@ -208,7 +399,17 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             "least one",
             f"run order      : {scheduled.order_text()}  (S/D a transfer's start/done, C a synchronous "
             "collective, M a matmul)",
-            f"judge          : {judge}, the scheduled module of jit(...).lower(...).compile()",
+            *(
+                [
+                    f"compiler's own : {compiler_order} ({size_text(compiler_exposed)} exposed; this kernel "
+                    f"{size_text(scheduled.exposed_bytes)})"
+                ]
+                if compiler_exposed is not None
+                else []
+            ),
+            f"judge          : {judge}, the scheduled module of jit(...).lower(...).compile(), under "
+            f"{getattr(compiled, 'flags', 'compiler defaults')}",
+            *why_exposed(case, topology, compiler=compiler),
             f"how            : {case.spec.overlap}",
             "exposed transfers:",
             *(
@@ -219,53 +420,70 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
     )
 
 
-def topology_rows(records: list[Any], cells: Callable[[list[Any]], str], *, baseline_note: str) -> list[str]:
-    """A TPU-tier table's lines: one per implementation and topology (``cells`` of its records, one
-    per size), the baseline's marked, then the libtpu versions that judged them."""
-    rows: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
-    for r in records:
-        rows[(r.family, r.impl, r.topology)].append(r)
-    width = max(len(r.impl) for r in records)
-    lines = []
-    for (family, impl, topology), recs in sorted(rows.items()):
-        line = f"{family:<21} {impl:<{width}}  {topology:<8} {cells(recs)}"
-        lines.append(line + (f"  ({baseline_note})" if recs[0].baseline else ""))
-    return [*lines, judges_line(records)]
+def behind_fails(case: Case) -> bool:
+    """Whether being behind the compiler's own collective matmul fails ``case``: its kernel declares
+    it is not (``ahead_of_compiler=True``), or the run says so (``--behind-compiler=fail``)."""
+    return case.implementation.ahead_of_compiler or session_lib.current().settings.behind_compiler == "fail"
 
 
-def judges_line(records: list[Any]) -> str:
-    """``judge: libtpu 0.0.42.1``: the compilers (libtpu, XLA:GPU's plugin) that gave the records'
-    verdicts."""
-    return f"judge: {', '.join(sorted({r.judge.split(' (')[0] for r in records}))}"
+def _behind_rule(case: Case) -> str:
+    if case.implementation.ahead_of_compiler:
+        return f"{case.impl} is registered ahead_of_compiler=True: it may leave no more bytes exposed"
+    return "--behind-compiler=fail: a kernel may leave no more bytes exposed than the compiler's own"
+
+
+def _record_modes(case: Case, topology: str, records: list[Any], *, compiler: Any, record: type) -> None:
+    """The compiler's own collective matmul under each of :data:`COMPILER_MODES` its compiler knows,
+    one more record each (``impl[mode]``); a mode the compiler refuses is left out."""
+    for mode, options in COMPILER_MODES.get((compiler.NAME, case.family), {}).items():
+        try:
+            compiled = compiled_on_topology(case, topology, options=tuple(sorted(options.items())))
+            module, scheduled = _scheduled(compiled, topology)
+        except tpu_compiler.CompilerRefusal as refusal:
+            if "No such compile option" in str(refusal):
+                continue  # this compiler has no such mode
+            flags = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+            records.append(
+                record(
+                    case.family,
+                    f"{case.impl}[{mode}]",
+                    topology,
+                    case.mesh.axis_size,
+                    case.dims,
+                    0,
+                    0,
+                    0,
+                    f"refused: {str(refusal).splitlines()[0][:160]}",
+                    True,
+                    compiler.judge(topology),
+                    compilers_own=True,
+                    flags=flags,
+                )
+            )
+            continue
+        records.append(
+            record(
+                case.family,
+                f"{case.impl}[{mode}]",
+                topology,
+                case.mesh.axis_size,
+                case.dims,
+                _hop_bytes(module),
+                scheduled.hidden,
+                scheduled.total,
+                scheduled.order_text(),
+                True,
+                compiler.judge(topology),
+                exposed_bytes=scheduled.exposed_bytes,
+                compilers_own=True,
+                flags=getattr(compiled, "flags", "compiler defaults"),
+            )
+        )
 
 
 def tpu_schedule_table(records: list[Any]) -> list[tuple[str, list[str]]]:
     """Per implementation and topology: transfers hidden / all in the real TPU schedule, per size."""
-    return schedule_table(records, "TPU")
-
-
-def schedule_table(records: list[Any], name: str) -> list[tuple[str, list[str]]]:
-    """:func:`tpu_schedule_table` for the ``name`` (``"TPU"``, ``"GPU"``) compiler's records."""
-    if not records:
-        return []
-    title = (
-        f"{name} schedule: transfers with a matmul inside them / all transfers, per size (bytes per hop), "
-        f"in the module the real {name} compiler scheduled"
-    )
-
-    def cells(recs: list[Any]) -> str:
-        return "  ".join(
-            f"{_size(r.hop_bytes)}: {r.hidden}/{r.total}" for r in sorted(recs, key=lambda r: r.hop_bytes)
-        )
-
-    return [(title, topology_rows(records, cells, baseline_note="baseline: reported, not judged"))]
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
+    return target_tables.schedule_table(records, "TPU")
 
 
 CHECKS = (Check("tpu_schedule", check_tpu_schedule, tables=tpu_schedule_table),)

@@ -51,9 +51,13 @@ def _split_call(rest: str) -> tuple[str, str]:
     return rest, ""
 
 
+#: XLA's printer puts ``/*index=5*/`` before every fifth operand of a long list.
+_COMMENT = re.compile(r"/\*.*?\*/")
+
+
 def _operand_names(operands: str) -> list[str]:
     names, depth, token = [], 0, ""
-    for ch in operands + ",":
+    for ch in _COMMENT.sub(" ", operands) + ",":
         if ch in "({[":
             depth += 1
         elif ch in ")}]":

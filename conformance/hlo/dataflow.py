@@ -244,6 +244,8 @@ class ScheduledTransfer:
     #: Matmuls (or kernels) scheduled between start and done.
     inside: tuple[str, ...]
     pattern: tuple  #: source-target pairs or replica groups: one ring direction each
+    #: Bytes one run delivers to a device from another (:meth:`CollectiveOp.received_bytes`).
+    received: int = 0
 
     @property
     def hidden(self) -> bool:
@@ -271,6 +273,11 @@ class Schedule:
     def rings(self) -> int:
         """Distinct transfer patterns: one per ring direction."""
         return len({(t.kind, t.pattern) for t in self.transfers})
+
+    @property
+    def exposed_bytes(self) -> int:
+        """Bytes a device receives per call in transfers with no matmul inside them: the wait."""
+        return sum(t.times * t.received for t in self.transfers if not t.hidden)
 
     @property
     def fraction(self) -> str:
@@ -323,7 +330,11 @@ def schedule(module: HloModule) -> Schedule:
                 op = collectives[(comp, insts[start].name)]
                 inside = tuple(f"{is_compute(x)} {x.name}" for x in insts[start + 1 : i] if is_compute(x))
                 pattern = op.source_target_pairs or op.replica_groups or ()
-                transfers.append(ScheduledTransfer(base, insts[start].name, comp, times, inside, pattern))
+                transfers.append(
+                    ScheduledTransfer(
+                        base, insts[start].name, comp, times, inside, pattern, received=op.received_bytes()
+                    )
+                )
             elif inst.opcode == "while":
                 letters.append("W")
             elif is_compute(inst):

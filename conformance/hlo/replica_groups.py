@@ -102,6 +102,29 @@ def mesh_axes_groups(
     return _rows(laid, math.prod(pieces[i][2] for i in order))
 
 
+_IOTA_IDS = re.compile(r"\[(?P<dims>\d+(?:,\d+)*)\](?:T\((?P<perm>\d+(?:,\d+)*)\))?")
+
+
+def _mesh_device_ids(ids: str, text: str) -> np.ndarray:
+    """A mesh's ``device_ids=(...)``: an explicit list (``0,2,1,3``), or an iota over reshape dims
+    transposed (``[2,4]T(1,0)``: ``arange(8).reshape(2, 4).transpose(1, 0)``, flattened; XLA's
+    ``IotaTileAssignment``, which XLA:CPU prints for the groups of an axis of a 2-D mesh that a
+    partitioner, not ``shard_map``, made)."""
+    if re.fullmatch(r"[0-9,\s]+", ids):
+        return np.array(_ints(ids))
+    m = _IOTA_IDS.fullmatch(ids.strip())
+    if not m:
+        raise _unknown("the mesh-axes replica groups (device_ids)", text)
+    dims = _ints(m["dims"])
+    laid = np.arange(math.prod(dims)).reshape(dims)
+    if m["perm"]:
+        perm = _ints(m["perm"])
+        if sorted(perm) != list(range(len(dims))):
+            raise _unknown("the mesh-axes replica groups (device_ids: transpose is no permutation)", text)
+        laid = laid.transpose(perm)
+    return laid.reshape(-1)
+
+
 def _mesh_groups(text: str) -> Groups:
     """Expand the mesh-axes form ``mesh['x'=4,'y'=2] {'y'}`` (sub-axes, ``device_ids=(...)``)."""
     m = _MESH.fullmatch(text.strip())
@@ -121,11 +144,7 @@ def _mesh_groups(text: str) -> Groups:
         grouped.append((ref["name"], (int(ref["pre"]), int(ref["size"])) if ref["pre"] else None))
     ids = None
     if m["ids"] is not None:
-        # Only the explicit list is read: XLA also prints an iota ``([2,4]T(1,0))`` here, whose
-        # meaning no JAX-made module has shown this project; refused rather than assumed.
-        if not re.fullmatch(r"[0-9,\s]+", m["ids"]):
-            raise _unknown("the mesh-axes replica groups (device_ids)", text)
-        ids = np.array(_ints(m["ids"]))
+        ids = _mesh_device_ids(m["ids"], text)
     try:
         return mesh_axes_groups(axes, grouped, ids)
     except ValueError as e:

@@ -69,6 +69,10 @@ def test_a_ring_right_on_tpu_whose_matmuls_xla_gpu_merges_fails(impl: str) -> No
     assert outcome.verdict == "failed", outcome
     (record,) = outcome.records
     assert record.hidden <= 1 and record.order.count("M") < record.total, record
+    message = str(outcome.failure)  # the cause named: recompiled without the dot merger, it hides
+    assert "cause          : XLA:GPU's dot merger merged step matmuls" in message, message
+    assert "xla_gpu_dot_merger_threshold_mb=0: 14/14 hidden" in message, message
+    assert "avoid          : give each step's matmul its own copy of the shared operand" in message, message
     fixed = _run("gpu_schedule", "allgather_matmul", "ring_allgather_matmul_bidirectional")
     assert fixed.verdict == "passed", fixed
 

@@ -113,6 +113,16 @@ SAME_PROGRAM_EVERY_XLA = {
             "0.12.0.1": "ROOT %all-gather = f32[2,8]{1,0} all-gather(%all-reduce), channel_id=2, replica_groups=mesh['x'=8] {'x':(1)2}, dimensions={0}, use_global_device_ids=true, frontend_attributes={is_spmd_generated=\"true\"}",
         },
     ),
+    # jit(lhs @ rhs) of lhs[12,8] P('y', None) on a 2x4 ('x', 'y') mesh, left to the partitioner
+    # (xla_jit_allgather_matmul): XLA:CPU gathers lhs over y, its mesh's device ids an iota.
+    "the partitioner's all-gather over y of a 2x4 mesh": (
+        ((0, 1, 2, 3), (4, 5, 6, 7)),
+        {
+            "0.6.2": "%all-gather = f32[12,8]{1,0} all-gather(%param), channel_id=1, replica_groups=[2,4]<=[8], dimensions={0}, use_global_device_ids=true",
+            "0.10.2": "%all-gather = f32[12,8]{1,0} all-gather(%param), channel_id=1, replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}, dimensions={0}, use_global_device_ids=true",
+            "0.12.0.1": "%all-gather = f32[12,8]{1,0} all-gather(%param), channel_id=1, replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}, dimensions={0}, use_global_device_ids=true, frontend_attributes={is_spmd_generated=\"true\"}",
+        },
+    ),
     # XLA 0.12's own printer, after its parser read a mesh with explicit device ids.
     "psum over y of a 4x2 mesh whose devices are listed": (
         ((3, 1), (2, 0), (7, 5), (6, 4)),
@@ -158,9 +168,9 @@ UNKNOWN_FORMS = {  # form: (the line, the text the error must quote)
         "ROOT %ar = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=mesh['x'=8] {'z'}, use_global_device_ids=true, to_apply=%add",
         "mesh['x'=8] {'z'}",
     ),
-    "device ids as an iota": (
-        "ROOT %r = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=mesh['x'=4,'y'=2], device_ids=([2,4]T(1,0)) {'y'}, use_global_device_ids=true, to_apply=%add",
-        "device_ids=([2,4]T(1,0))",
+    "device ids as an iota whose transpose is no permutation": (
+        "ROOT %r = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=mesh['x'=4,'y'=2], device_ids=([2,4]T(1,1)) {'y'}, use_global_device_ids=true, to_apply=%add",
+        "device_ids=([2,4]T(1,1))",
     ),
     "an iota that does not cover its devices": (
         "ROOT %ar = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=[3,4]<=[8], use_global_device_ids=true, to_apply=%add",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import claims, registry
+from conformance import claims, registry, tpu_compiler
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
@@ -223,6 +223,26 @@ def test_a_mesh_the_run_cannot_build_is_a_usage_error(
     tmp_path: Path, meshes: str, says: str, workers
 ) -> None:
     done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", f"--meshes={meshes}", *workers)
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert says in done.stderr, done.stderr[-2000:]
+    assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+
+
+@pytest.mark.parametrize(
+    "option, says",
+    [
+        (
+            "xla_tpu_no_such_flag=1",
+            "--compiler-option xla_tpu_no_such_flag=1 is refused by every compiler here",
+        ),
+        ("xla_tpu_no_such_flag=1", "No such compile option: 'xla_tpu_no_such_flag'"),
+        ("xla_tpu_no_such_flag", "--compiler-option 'xla_tpu_no_such_flag' is not NAME=VALUE"),
+    ],
+)
+def test_a_compiler_option_no_compiler_takes_is_a_usage_error(tmp_path: Path, option: str, says: str) -> None:
+    if not tpu_compiler.available():
+        pytest.skip(f"no TPU compiler here to refuse it: {tpu_compiler.unavailable_reason()}")
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", f"--compiler-option={option}", "-n", "2")
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
     assert says in done.stderr, done.stderr[-2000:]
     assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]

@@ -13,14 +13,15 @@ import jax
 import pytest
 
 import conformance.kernels
+import conformance.selftest.behind_compiler_kernels  # registers the kernels behind the compiler
 import conformance.selftest.broken_overlap_kernels as broken_overlap_kernels
 import conformance.selftest.other_style_kernels  # noqa: F401  (registers the loop-form rings)
-from conformance import checks, hlo, specs, tpu_compiler
+from conformance import checks, hlo, registry, specs, target_compiles, tpu_compiler
 from conformance.checks import tpu_schedule
 from conformance.fixtures.meshes import parse_mesh
 from conformance.outcomes import run_here
 from conformance.runner import Case
-from conformance.session import Session
+from conformance.session import Session, Settings
 
 pytestmark = pytest.mark.selftest
 
@@ -41,14 +42,16 @@ FAMILY = {
     "ring_allgather_matmul_bidirectional": "allgather_matmul",
     "ring_matmul_reduce_scatter_unidirectional": "matmul_reduce_scatter",
     "ring_matmul_reduce_scatter_bidirectional": "matmul_reduce_scatter",
+    "broken_agmm_behind_the_compiler": "allgather_matmul",
+    "broken_agmm_declared_ahead_of_the_compiler": "allgather_matmul",
 }
 
 
-def _schedule(impl: str, mesh: str = "8-x-explicit", rung: int = 1):
+def _schedule(impl: str, mesh: str = "8-x-explicit", rung: int = 1, settings: Settings | None = None):
     family = FAMILY[impl]
     dims = specs.get(family).schedule_ladder[rung]
     case = Case.make(family, impl, parse_mesh(mesh), dims, "bfloat16")
-    return run_here(checks.CHECKS["tpu_schedule"], case, Session())
+    return run_here(checks.CHECKS["tpu_schedule"], case, Session(settings))
 
 
 def test_every_no_overlap_kernel_is_listed() -> None:
@@ -79,6 +82,9 @@ def test_a_correct_loop_that_xla_tpu_serializes_fails_on_tpu_only() -> None:
     assert outcome.verdict == "failed", outcome
     message = str(outcome.failure)
     assert "hidden         : 0/7" in message and "SDM (x7, loop" in message, message
+    # no known serializing pass is the cause: each turned off, the loop still runs transfer then matmul
+    assert "cause          : none of the known serializing transformations" in message, message
+    assert "xla_tpu_enable_async_collective_fusion=False" in message, message
 
 
 @needs_libtpu
@@ -142,22 +148,25 @@ source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
   %d = f32[8,8] dot(%x, %x), lhs_contracting_dims={}, rhs_contracting_dims={}
   %r = f32[8] collective-permute-done(%s)
   %next = s32[] {update}(%jc, %step)
-  ROOT %t = (s32[], f32[8]) tuple(%next, %r)
+  ROOT %t = (s32[], f32[8]) tuple({comment}%next, %r)
 }
 
 ENTRY %main (a: f32[8]) -> f32[8] {
   %a = f32[8] parameter(0)
   %zero = s32[] constant({start})
   %zc = s32[] copy(%zero)
-  %init = (s32[], f32[8]) tuple(%zc, %a)
+  %init = (s32[], f32[8]) tuple({comment}%zc, %a)
   %w = (s32[], f32[8]) while(%init), condition=%cond, body=%body
   ROOT %out = f32[8] get-tuple-element(%w), index=1
 }
 """
 
 
-def _counted(*, start=0, limit=7, step=1, direction="LT", compare="%i, %limit", update="add") -> str:
+def _counted(
+    *, start=0, limit=7, step=1, direction="LT", compare="%i, %limit", update="add", comment=""
+) -> str:
     fields = {"start": start, "limit": limit, "step": step, "direction": direction, "compare": compare}
+    fields["comment"] = comment
     text = COUNTED
     for key, value in {**fields, "update": update}.items():
         text = text.replace("{" + key + "}", str(value))
@@ -173,6 +182,9 @@ def _counted(*, start=0, limit=7, step=1, direction="LT", compare="%i, %limit", 
         ({"compare": "%limit, %i", "direction": "GT"}, 7),  # 7 > i: the operands swapped
         ({"start": 14, "limit": 0, "direction": "GT", "update": "subtract", "step": 2}, 7),
         ({"step": 3}, 3),  # 0, 3, 6
+        # XLA marks every fifth operand of a long tuple (libtpu's decomposed all-gather loop keeps its
+        # counter at index 5 of 11): the comment is no part of the operand's name
+        ({"comment": "/*index=5*/"}, 7),
     ],
 )
 def test_counted_loops_without_known_trip_count_are_counted(form: dict, trips: int) -> None:
@@ -195,6 +207,82 @@ def test_an_unscheduled_module_is_refused() -> None:
     text = _counted().replace(", is_scheduled=true", "")
     with pytest.raises(hlo.HloParseError, match="not scheduled"):
         hlo.schedule(hlo.parse_module(text))
+
+
+# ----------------------------------------------------------------------------- the compiler's own
+
+
+@needs_libtpu
+@pytest.mark.parametrize(
+    ("family", "mesh", "rung", "topology"),
+    [
+        ("allgather_matmul", "8-x-explicit", 1, "v5e:2x4"),
+        # libtpu 0.0.42 keeps a matmul + reduce-scatter of 8 chips a reduce-scatter at every rung; on 16
+        # chips, at the largest, it is a windowed-einsum loop
+        ("matmul_reduce_scatter", "16-x-explicit", 2, "v5e:4x4"),
+    ],
+)
+def test_the_compilers_own_collective_matmul_is_read_in_each_mode(
+    family: str, mesh: str, rung: int, topology: str
+) -> None:
+    """jit of the family's math compiled by libtpu is a loop XLA:TPU built (windowed einsum; with
+    post_spmd, where this libtpu has it, a decomposed all-gather): read with its trips, every mode
+    recorded, none judged."""
+    impl = registry.compilers_own(family).name
+    dims = specs.get(family).schedule_ladder[rung]
+    case = Case.make(family, impl, parse_mesh(mesh), dims, "bfloat16")
+    outcome = run_here(checks.CHECKS["tpu_schedule"], case, Session())
+    assert outcome.verdict == "passed", outcome
+    by_name = {r.impl: r for r in outcome.records if r.topology == topology}
+    knows_post_spmd = family == "allgather_matmul" and "No such compile option" not in str(
+        target_compiles.probe_option(tpu_compiler, "xla_tpu_all_gather_collective_matmul_mode", "post_spmd")
+    )
+    assert set(by_name) == {impl, *([f"{impl}[post_spmd]"] if knows_post_spmd else [])}, by_name
+    for record in by_name.values():
+        assert record.compilers_own and record.baseline, record
+        assert 0 < record.hidden < record.total and "loop wide." in record.order, record
+    if knows_post_spmd:
+        post_spmd = by_name[f"{impl}[post_spmd]"]
+        assert "post_spmd" in post_spmd.flags and "decomposed_all_gather" in post_spmd.order, post_spmd
+
+
+@needs_libtpu
+def test_a_ring_is_held_beside_the_compilers_own() -> None:
+    """The bidirectional ring hides every transfer; the compiler's windowed einsum leaves one exposed:
+    the ring is ahead, and says by how many bytes."""
+    outcome = _schedule("ring_allgather_matmul_bidirectional")
+    assert outcome.verdict == "passed", outcome
+    for record in outcome.records:
+        assert record.compiler_exposed is not None and record.standing, record
+        assert record.standing == tpu_schedule.standing_of(record.exposed_bytes, record.compiler_exposed)
+
+
+@needs_libtpu
+def test_a_kernel_behind_the_compilers_own_is_reported_then_failed_on_request() -> None:
+    """Seven of eight transfers hidden passes the rule; its one exposed transfer carries two blocks
+    where XLA:TPU's windowed einsum leaves one exposed: behind, reported by default, failed under
+    --behind-compiler=fail and where the kernel declares it is not behind."""
+    reported = _schedule("broken_agmm_behind_the_compiler")
+    assert reported.verdict == "passed", reported
+    on_v5e = [r for r in reported.records if r.topology == "v5e:2x4"]
+    assert [(r.hidden, r.total, r.standing) for r in on_v5e] == [(7, 8, "behind")], on_v5e
+    assert on_v5e[0].exposed_bytes == 2 * on_v5e[0].compiler_exposed, on_v5e
+
+    for outcome in (
+        _schedule("broken_agmm_behind_the_compiler", settings=Settings(behind_compiler="fail")),
+        _schedule("broken_agmm_declared_ahead_of_the_compiler"),
+    ):
+        assert outcome.verdict == "failed", outcome
+        message = str(outcome.failure)
+        assert "leave more bytes exposed than the compiler's own collective matmul (v5e:2x4)" in message
+        assert "exposed        : 2 MiB per call" in message and "the compiler's own" in message, message
+
+
+@needs_libtpu
+def test_a_ring_ahead_of_the_compiler_passes_under_the_option() -> None:
+    outcome = _schedule("ring_allgather_matmul_unidirectional", settings=Settings(behind_compiler="fail"))
+    assert outcome.verdict == "passed", outcome
+    assert {r.standing for r in outcome.records} == {"ahead"}, outcome.records
 
 
 # ----------------------------------------------------------------------------- memory
@@ -285,3 +373,36 @@ def test_the_compile_tier_runs_on_a_host_without_chips_under_either_marker(marke
         env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
     )
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- the user's flags
+
+
+def test_compiler_options_are_typed_as_xla_takes_them() -> None:
+    pairs = target_compiles.parse_options(["a=true", "b=0", "c=0.5", "d=post_spmd", "e=False"])
+    assert pairs == (("a", True), ("b", 0), ("c", 0.5), ("d", "post_spmd"), ("e", False))
+    with pytest.raises(ValueError, match="is not NAME=VALUE"):
+        target_compiles.parse_options(["a"])
+
+
+@needs_libtpu
+def test_the_users_compiler_option_judges_and_is_recorded() -> None:
+    """An option libtpu knows is given to each TPU compile and named on every record: here the
+    post-SPMD mode turns the shard_map baseline's all-gather into a decomposed loop."""
+    option = ("xla_tpu_all_gather_collective_matmul_mode", "post_spmd")
+    if "No such compile option" in str(target_compiles.probe_option(tpu_compiler, *option)):
+        pytest.skip(f"libtpu {tpu_compiler.libtpu_version()} has no {option[0]}")
+    plain = _schedule_of("xla_allgather_matmul")
+    given = _schedule_of("xla_allgather_matmul", Settings(compiler_options=(option,)))
+    assert {r.flags for r in plain.records} == {"compiler defaults"}, plain.records
+    assert {r.flags for r in given.records} == {"xla_tpu_all_gather_collective_matmul_mode=post_spmd"}
+    assert all(r.total == 1 for r in plain.records), plain.records
+    assert all("decomposed_all_gather" in r.order for r in given.records), given.records
+
+
+def _schedule_of(impl: str, settings: Settings | None = None):
+    dims = specs.get("allgather_matmul").schedule_ladder[1]
+    case = Case.make("allgather_matmul", impl, parse_mesh("8-x-explicit"), dims, "bfloat16")
+    session = Session(settings)
+    with session.active():
+        return run_here(checks.CHECKS["tpu_schedule"], case, session)
