@@ -273,6 +273,12 @@ def judge(topology: str) -> str:
 COMPILE_OPTIONS = {"xla_gpu_autotune_level": 0}
 
 
+def compile_options(options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What :func:`compile_on` gives XLA:GPU besides ``XLA_FLAGS``: :data:`COMPILE_OPTIONS`, the run's
+    ``--compiler-option`` pairs it knows, then ``options``."""
+    return {**COMPILE_OPTIONS, **target_compiles.user_options(sys.modules[__name__]), **(options or {})}
+
+
 def compile_on(
     fn: Any, args: tuple[jax.ShapeDtypeStruct, ...], *, options: dict[str, Any] | None = None
 ) -> Any:
@@ -283,7 +289,7 @@ def compile_on(
     XLA:GPU knows and ``options``."""
     compiler = f"XLA:GPU {plugin_version()} jaxlib {jax.__version__} mocked {mock_topology()}"
     traced = jax.jit(fn).trace(*args)  # what raises here is the kernel's own, raised while tracing
-    given = {**COMPILE_OPTIONS, **target_compiles.user_options(sys.modules[__name__]), **(options or {})}
+    given = compile_options(options)
     try:
         with compilation_cache.bypassed():
             lowered = traced.lower()

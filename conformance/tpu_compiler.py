@@ -195,7 +195,7 @@ def compile_on(
     from conformance.mosaic import TpuConstraintError
 
     traced = jax.jit(fn).trace(*args)  # what raises here is the kernel's own, raised while tracing
-    given = {**target_compiles.user_options(sys.modules[__name__]), **(options or {})}
+    given = compile_options(options)
     try:
         with compilation_cache.bypassed():
             lowered = traced.lower()
@@ -211,6 +211,12 @@ def compile_on(
         raise CompilerRefusal(first_lines(str(e))) from e
     except Exception as e:  # XlaRuntimeError, JaxRuntimeError, Mosaic's lowering errors: their own words
         raise CompilerRefusal(f"{type(e).__name__}: {first_lines(str(e))}") from e
+
+
+def compile_options(options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What :func:`compile_on` gives libtpu besides ``LIBTPU_INIT_ARGS``: the run's
+    ``--compiler-option`` pairs it knows, then ``options``."""
+    return {**target_compiles.user_options(sys.modules[__name__]), **(options or {})}
 
 
 def first_lines(message: str, limit: int = 600) -> str:
