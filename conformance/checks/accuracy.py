@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from conformance import registry, runner, specs, tolerances
-from conformance.checks.base import Axes, Check, call_kernel, fail, keeping
+from conformance.checks.base import Axes, Check, call_kernel, fail, keeping, require_shape
 from conformance.runner import Case
 from conformance.specs.base import BATCH_DIM
 
@@ -130,6 +130,7 @@ def check_accuracy(case: Case) -> AccuracyRecord:
     base_case, fold, unfold = _on_the_baseline(case, baseline)
     _, base_out = call_kernel(case, "accuracy", lambda: runner.execute(base_case, inputs=fold(inputs)))
     exact = case.spec.expected(inputs64, axis_size=case.mesh.axis_size)
+    require_shape(case, "accuracy", out, exact.shape)
     record = _measured(case, baseline, out, unfold(base_out, exact), exact)
     with keeping([record]):
         limit = tolerances.ACCURACY_RATIO_LIMIT
@@ -172,6 +173,7 @@ def check_backward_accuracy(case: Case) -> list[AccuracyRecord]:
     for operand, grad, base_grad, exact in zip(
         spec.operands, grads, base_grads, spec.vjp_reference(*inputs64, ct64), strict=True
     ):
+        require_shape(case, "backward_accuracy", grad, exact.shape, what=f"d_{operand.name}")
         base = unfold(base_grad, exact)
         records.append(_measured(case, baseline, grad, base, exact, gradient=f"d_{operand.name}"))
     with keeping(records):

@@ -203,6 +203,14 @@ def run_case(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.n
     return call_kernel(case, check, lambda: (runner.execute_cached if cached else runner.execute)(case))
 
 
+def require_shape(case: Case, check: str, value: Any, shape: tuple[int, ...], *, what: str = "out") -> None:
+    """``value`` (a kernel's result, or a gradient) has ``shape``; else the check fails naming both,
+    before anything compares elements."""
+    got = tuple(getattr(value, "shape", ()))
+    if got != tuple(shape):
+        raise fail(case, check, f"{what} shape {got} != expected {tuple(shape)}")
+
+
 def compare_shards(
     case: Case,
     check: str,
@@ -214,8 +222,7 @@ def compare_shards(
     subject: str | None = None,
 ) -> None:
     """Every addressable shard of ``what`` against its block of ``expected``; reports the first wrong one."""
-    if tuple(out.shape) != tuple(expected.shape):
-        raise fail(case, check, f"{what} shape {tuple(out.shape)} != expected {expected.shape}")
+    require_shape(case, check, out, expected.shape, what=what)
     mesh = runner.mesh_of(case)
     wrong = []
     for shard in sorted(out.addressable_shards, key=lambda s: s.device.id):
