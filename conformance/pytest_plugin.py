@@ -54,7 +54,6 @@ from __future__ import annotations
 import atexit
 import datetime
 import fnmatch
-import importlib
 import os
 import time
 from collections.abc import Callable
@@ -69,6 +68,7 @@ from conformance import (
     gpu_compiler,
     known_failures,
     plugin_jobs,
+    plugin_kernels,
     plugin_meshes,
     plugin_report,
     plugin_xdist,
@@ -320,11 +320,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(controller, "conformance-xdist")
     config.pluginmanager.register(plugin_report, "conformance-report")  # its hooks: the end of the run
     config.pluginmanager.register(pytest_fixtures, "conformance-fixtures")
-    for module in ["conformance.kernels", *kernel_modules(config)]:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise pytest.UsageError(f"--kernels: cannot import {module!r}: {e}") from e
+    plugin_kernels.import_modules(["conformance.kernels", *kernel_modules(config)])
     pattern = config.getoption("impl")
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
         names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))

@@ -20,6 +20,7 @@ Cases outside the declaration are reported as *not claimed*, never run.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 import functools
 import inspect
@@ -225,7 +226,9 @@ def register(
         lowering_targets = ("tpu",) if pallas else ("tpu", "cuda")
     known = _known_families()
     if family not in known:
-        raise ValueError(f"unknown kernel family {family!r}; known families: {', '.join(known)}")
+        close = difflib.get_close_matches(family, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown kernel family {family!r}{hint}; known families: {', '.join(known)}")
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"implementation name {name!r} must be non-empty letters, digits, _ or -")
     family_dtypes = _family_dtypes(family)

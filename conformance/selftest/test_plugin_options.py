@@ -248,6 +248,40 @@ def test_a_compiler_option_no_compiler_takes_is_a_usage_error(tmp_path: Path, op
     assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
 
 
+BAD_KERNEL_MODULES = {
+    "a syntax error": ("def broken(:\n    pass\n", "raised SyntaxError (", "opt_kernels.py:1)"),
+    "a misspelt family": (
+        "import conformance\n\n@conformance.register('allgather_matmull', name='x')\n"
+        "def x(lhs, rhs, *, mesh, axis_name):\n    return lhs\n",
+        "unknown kernel family 'allgather_matmull' (did you mean 'allgather_matmul'?)",
+        "opt_kernels.py:3)",
+    ),
+    "a module it imports that is not there": (
+        "import no_such_module_here\n",
+        "raised ModuleNotFoundError",
+        "No module named 'no_such_module_here'",
+    ),
+}
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist"])
+@pytest.mark.parametrize("bad", sorted(BAD_KERNEL_MODULES))
+def test_a_kernels_module_that_does_not_import_is_one_usage_error(tmp_path: Path, bad: str, workers) -> None:
+    source, *says = BAD_KERNEL_MODULES[bad]
+    done = _pytest(tmp_path, "-m", "cpu", *workers, kernels=source)
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    for phrase in says:
+        assert phrase in done.stderr, done.stderr[-2000:]
+    assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+    assert len((done.stdout + done.stderr).strip().splitlines()) <= 3, done.stdout + done.stderr
+
+
+def test_a_kernels_module_not_on_the_path_says_how_python_finds_it(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, "-m", "cpu", "--kernels=not_here_kernels")
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "cannot import 'not_here_kernels'" in done.stderr and "PYTHONPATH" in done.stderr, done.stderr
+
+
 def test_a_platform_without_backend_says_so_and_can_be_required(tmp_path: Path) -> None:
     done = _pytest(tmp_path, "-m", "tpu", "--impl=opt_gather", "-k", "test_determinism")
     assert done.returncode == 0, done.stdout[-3000:]

@@ -1,0 +1,54 @@
+"""The kernels modules of ``--kernels``: imported before collection, so their registrations join the
+run; one that does not import is a usage error saying what it raised, where in the user's code, and
+for a module Python cannot find, where Python looks."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import traceback
+
+import pytest
+
+
+def import_modules(modules: list[str]) -> None:
+    """Import each of ``modules``; :class:`pytest.UsageError` (:func:`import_error`) at the first that
+    raises anything: an ImportError, its own SyntaxError, a ``register`` call it makes badly."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as e:
+            raise pytest.UsageError(import_error(module, e)) from e
+
+
+def import_error(module: str, error: BaseException) -> str:
+    """The usage error of a ``--kernels`` module that does not import: what it raised, where in the
+    user's code, and for a module not found, how Python looks for it."""
+    if isinstance(error, ModuleNotFoundError) and error.name and module.startswith(error.name):
+        return (
+            f"--kernels: cannot import {module!r}: {error}. It is imported by name, from sys.path: run "
+            f"pytest from the directory that holds it (this run's is {os.getcwd()}), put that directory on "
+            "PYTHONPATH, or install the package that holds it"
+        )
+    where = ""
+    if isinstance(error, SyntaxError) and error.filename:
+        where = f" ({error.filename}:{error.lineno})"
+    else:
+        suite = tuple(
+            os.path.dirname(conformance_package.__file__) for conformance_package in _suite_packages()
+        )
+        frames = [
+            f
+            for f in traceback.extract_tb(error.__traceback__)
+            if "importlib" not in f.filename and not f.filename.startswith(suite)
+        ]
+        if frames:  # the user's line, not the suite's that raised for it
+            where = f" ({frames[-1].filename}:{frames[-1].lineno})"
+    return f"--kernels: importing {module!r} raised {type(error).__name__}{where}: {error}"
+
+
+def _suite_packages() -> list[object]:
+    import conformance
+    import conformance.kernels
+
+    return [conformance, conformance.kernels]
