@@ -207,8 +207,13 @@ def require_shape(case: Case, check: str, value: Any, shape: tuple[int, ...], *,
     """``value`` (a kernel's result, or a gradient) has ``shape``; else the check fails naming both,
     before anything compares elements."""
     got = tuple(getattr(value, "shape", ()))
-    if got != tuple(shape):
-        raise fail(case, check, f"{what} shape {got} != expected {tuple(shape)}")
+    if got != tuple(shape):  # one verdict line whatever the shapes: one cause across sizes
+        raise fail(
+            case,
+            check,
+            f"{what} has the wrong shape",
+            [f"{what + ' shape':<15}: {got}, expected {tuple(shape)}"],
+        )
 
 
 def compare_shards(
@@ -265,8 +270,13 @@ def compare_shards(
 def assert_dtype(case: Case, check: str, out: jax.Array) -> None:
     want = dtypes.result_np(case.dtype)
     got = {np.dtype(out.dtype)} | {np.dtype(s.data.dtype) for s in out.addressable_shards}
-    if got != {want}:
-        raise fail(case, check, f"result dtype {sorted(map(str, got))} != input dtype {want}")
+    if got != {want}:  # one verdict line whatever the dtypes: one cause across dtypes in the summary
+        raise fail(
+            case,
+            check,
+            "the result's dtype is not the spec's",
+            [f"result dtype   : {', '.join(sorted(map(str, got)))}; for {case.dtype} the spec's is {want}"],
+        )
 
 
 def check_byte_bound(
