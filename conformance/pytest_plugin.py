@@ -259,6 +259,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # --meshes is read here, before any worker starts (under -n a worker's usage error is a crash)
     config.stash[pytest_fixtures.WANTED_MESHES] = plugin_meshes.meshes_option(config)
     gpu_compiler.configure_from_environment()  # a mocked GPU topology, before any backend starts
+    config.add_cleanup(tpu_compiler.chipless_start())  # before libtpu loads
     if in_job:
         # Registered before JAX's own shutdown handler, so it runs after it (atexit runs in reverse).
         atexit.register(plugin_jobs.exit_past_abandoned_calls, config)

@@ -8,8 +8,9 @@ without executing. What the compiler refuses, a chip would refuse; what it compi
 and lays out as on the chip. It is the suite's judge of TPU layout, schedule, memory and pod
 scale; where no libtpu can be had, those checks skip, naming the install command.
 
-libtpu prints warnings about ``TPU_ACCELERATOR_TYPE`` and worker host names on a host without
-chips; they are harmless.
+On a host without chips libtpu logs errors about ``TPU_ACCELERATOR_TYPE`` and worker host names when
+it loads (it looks for a TPU VM's metadata); they are harmless, and the pytest plugin keeps them
+quiet (:func:`chipless_start`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import dataclasses
 import functools
 import importlib.metadata
 import math
+import os
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -48,6 +51,34 @@ V5E_BY_CHIPS = {
 class CompilerRefusal(Exception):
     """The compiler (libtpu's here, XLA:GPU's in :mod:`conformance.gpu_compiler`) refused the program;
     the message is the compiler's, quoted."""
+
+
+#: How libtpu is started on a host without TPU chips, where it only compiles: it would otherwise look
+#: up a TPU VM's metadata and log errors when it finds none ("unexpected worker hostname 'WARNING:
+#: could not determine TPU worker hostnames'", "Failed to find host bounds for accelerator type"),
+#: and take a lock that leaves a second process (a pytest-xdist worker, a self-test's subprocess)
+#: without it ("Run sudo rm /tmp/libtpu_lockfile"), though with no chips there is nothing to share.
+#: Compiling for a topology reads none of these: the modules compiled are the same (libtpu 0.0.42).
+CHIPLESS_START = {
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_ACCELERATOR_TYPE": "v5litepod-8",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
+
+
+def chipless_start() -> Callable[[], None]:
+    """On a host without TPU chips, before libtpu loads: set :data:`CHIPLESS_START` where unset (this
+    process and those it starts); a TPU VM is left as it is. Returns the closure that undoes it."""
+    if compat.tpu_chips_here():
+        return lambda: None
+    added = {k: v for k, v in CHIPLESS_START.items() if k not in os.environ}
+    os.environ.update(added)
+
+    def undo() -> None:
+        for key in added:
+            os.environ.pop(key, None)
+
+    return undo
 
 
 def libtpu_version() -> str | None:

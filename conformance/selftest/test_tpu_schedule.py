@@ -9,6 +9,8 @@ host without libtpu.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import pytest
 
@@ -16,7 +18,7 @@ import conformance.kernels
 import conformance.selftest.behind_compiler_kernels  # registers the kernels behind the compiler
 import conformance.selftest.broken_overlap_kernels as broken_overlap_kernels
 import conformance.selftest.other_style_kernels  # noqa: F401  (registers the loop-form rings)
-from conformance import checks, hlo, registry, specs, target_compiles, tpu_compiler
+from conformance import checks, compat, hlo, registry, specs, target_compiles, tpu_compiler
 from conformance.checks import tpu_schedule
 from conformance.fixtures.meshes import parse_mesh
 from conformance.outcomes import run_here
@@ -406,3 +408,22 @@ def _schedule_of(impl: str, settings: Settings | None = None):
     session = Session(settings)
     with session.active():
         return run_here(checks.CHECKS["tpu_schedule"], case, session)
+
+
+def test_libtpu_starts_as_a_compiler_only_on_a_host_without_chips(monkeypatch) -> None:
+    """No chips: the lock and the metadata look-up libtpu logs errors about are set aside (a variable
+    the user set is kept), and undone after; a TPU VM is left as it is."""
+    for name in tpu_compiler.CHIPLESS_START:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v6e-8")
+    monkeypatch.setattr(compat, "tpu_chips_here", lambda: 0)
+    undo = tpu_compiler.chipless_start()
+    assert (
+        os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1" and os.environ["TPU_WORKER_HOSTNAMES"] == "localhost"
+    )
+    assert os.environ["TPU_ACCELERATOR_TYPE"] == "v6e-8"
+    undo()
+    assert "ALLOW_MULTIPLE_LIBTPU_LOAD" not in os.environ and "TPU_WORKER_HOSTNAMES" not in os.environ
+    monkeypatch.setattr(compat, "tpu_chips_here", lambda: 4)
+    tpu_compiler.chipless_start()
+    assert "TPU_WORKER_HOSTNAMES" not in os.environ
