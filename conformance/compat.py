@@ -36,6 +36,16 @@ def configure_cpu_devices(count: int) -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
+def cpu_devices_in_this_process(count: int) -> None:
+    """``count`` simulated CPU devices for this process alone (no ``XLA_FLAGS``, which the processes it
+    starts would inherit), if no backend has started here: a pytest-xdist controller, which runs no
+    test, describes the host as its workers see it."""
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_num_cpu_devices", count)
+
+
 def allow_arrays_without_local_shards() -> None:
     """In a job, a process may hold no shard of an array (a send_recv destination on other processes,
     which every process still calls ``fn`` for). JAX 0.6.2 builds such an array only with

@@ -231,7 +231,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         started=started,
         duration_s=time.monotonic() - t0,
         stale=log.stale,
-        command=results.command_line(),
+        command=results.command_line(list(config.invocation_params.args)),
     )
     if json_path:
         results.write_json(json_path, document)

@@ -260,6 +260,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[pytest_fixtures.WANTED_MESHES] = plugin_meshes.meshes_option(config)
     gpu_compiler.configure_from_environment()  # a mocked GPU topology, before any backend starts
     config.add_cleanup(tpu_compiler.chipless_start())  # before libtpu loads
+    if plugin_xdist.is_controller(config) and not in_job:  # its report's host line: the workers' devices
+        compat.cpu_devices_in_this_process(devices_lib.CPU_DEVICE_COUNT)
     if in_job:
         # Registered before JAX's own shutdown handler, so it runs after it (atexit runs in reverse).
         atexit.register(plugin_jobs.exit_past_abandoned_calls, config)

@@ -43,7 +43,7 @@ import platform as platform_lib
 import re
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from conformance import html_plots
@@ -466,5 +466,9 @@ def write_html(path: str, document: dict[str, Any]) -> None:
         f.write(to_html(document))
 
 
-def command_line() -> list[str]:
-    return [sys.executable.rsplit("/", 1)[-1], *sys.argv[1:]] if sys.argv else []
+def command_line(args: Sequence[str] | None = None) -> list[str]:
+    """The command that ran this session, as it can be run again: ``pytest`` (or ``python -m pytest``)
+    and its arguments (``args``: pytest's own record of them; else this process's)."""
+    first = sys.argv[0] if sys.argv else ""
+    runner = ["python", "-m", "pytest"] if first.endswith(("pytest/__main__.py", "-m")) else ["pytest"]
+    return [*runner, *(sys.argv[1:] if args is None else args)]

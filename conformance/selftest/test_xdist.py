@@ -105,6 +105,10 @@ def test_a_run_split_over_workers_reports_what_one_process_reports(tmp_path: Pat
     assert split["known_failures"]["stale"] == one["known_failures"]["stale"] != []
     matrix = "conformance matrix: implementation x check"
     assert _section(one_out, matrix) == _section(split_out, matrix)
+    # the report says what the workers had, and the command as it can be run again
+    assert one["platform"]["host"] == split["platform"]["host"] == "cpu: 8 devices, gpu: none, tpu: none"
+    assert split["command"][:5] == ["python", "-m", "pytest", "--pyargs", "conformance"], split["command"]
+    assert split["command"][-2:] == ["-n", "2"], split["command"]
 
 
 @pytest.mark.integration
