@@ -74,6 +74,11 @@ def _outcome_of(rep: pytest.TestReport) -> str | None:
     return None
 
 
+#: The line pytest-xdist puts before a worker's failure ("[gw0] linux -- Python 3.11.7 /.../python"):
+#: not the kernel's message.
+_WORKER_LINE = re.compile(r"\A\[gw\d+\] [^\n]* -- Python [^\n]*\n")
+
+
 class OutcomeRecorder:
     """Writes each test's outcome into the run log (registered at configure: this hook gets no config)."""
 
@@ -99,6 +104,7 @@ class OutcomeRecorder:
             message = skip_reason(report) if report.skipped and got != "xfailed" else str(report.longreprtext)
         else:
             message = ""
+        message = _WORKER_LINE.sub("", message, count=1)
         self.log.outcomes[report.nodeid] = results.Outcome(
             id=props["conformance_id"],
             nodeid=report.nodeid,

@@ -109,6 +109,8 @@ def test_a_run_split_over_workers_reports_what_one_process_reports(tmp_path: Pat
     assert one["platform"]["host"] == split["platform"]["host"] == "cpu: 8 devices, gpu: none, tpu: none"
     assert split["command"][:5] == ["python", "-m", "pytest", "--pyargs", "conformance"], split["command"]
     assert split["command"][-2:] == ["-n", "2"], split["command"]
+    messages = [o["message"] for o in split["outcomes"] if o["outcome"] == "failed"]
+    assert messages and not any(m.startswith("[gw") for m in messages), messages[0][:300]
 
 
 @pytest.mark.integration
