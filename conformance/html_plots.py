@@ -21,6 +21,8 @@ from typing import Any
 
 #: Line colours, colour-blind safe (Okabe-Ito), in the order implementations are met.
 PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000")
+#: Marker shapes, in the same order: lines that lie on top of each other still show every marker.
+MARKERS = ("circle", "square", "triangle", "diamond")
 WIDTH, HEIGHT = 380, 230
 LEFT, RIGHT, TOP, BOTTOM = 58, 30, 26, 58
 
@@ -39,6 +41,11 @@ class Ladder:
     y_label: str
     #: The y axis from 0 to 1 (a fraction) rather than from 0 to the largest value.
     fraction: bool = False
+    #: Every implementation is measured at the same x (the sizes of the ladder): an x one lacks is a
+    #: size where it gave no value (it failed there), marked on its line.
+    shared_x: bool = False
+    #: A limit drawn as a dotted line (its name, and its y at a record's x; ``None``: none there).
+    limit: tuple[str, Callable[[dict[str, Any]], float | None]] | None = None
 
 
 LADDERS = (
@@ -58,6 +65,11 @@ LADDERS = (
         y=lambda r: None if r["peak"] is None else r["peak"] / (1 << 20),
         x_label="argument bytes per chip",
         y_label="peak MiB per chip",
+        shared_x=True,
+        limit=(
+            "the limit: 3x the baseline's peak",
+            lambda r: None if not r.get("baseline_peak") else 3 * r["baseline_peak"] / (1 << 20),
+        ),
     ),
     Ladder(
         matches=lambda r: {"median_s", "size_bytes", "mesh"} <= r.keys(),
@@ -66,6 +78,7 @@ LADDERS = (
         y=lambda r: r["median_s"] * 1e3,
         x_label="operand bytes",
         y_label="median ms per call",
+        shared_x=True,
     ),
 )
 
@@ -81,17 +94,41 @@ def _number(y: float) -> str:
     return f"{y:.3g}"
 
 
+def _marker(shape: str, x: float, y: float, colour: str, tip: str) -> str:
+    title = f"<title>{html.escape(tip)}</title>"
+    if shape == "square":
+        return f'<rect x="{x - 3:.1f}" y="{y - 3:.1f}" width="6" height="6" fill="{colour}">{title}</rect>'
+    if shape == "triangle":
+        pts = f"{x:.1f},{y - 4:.1f} {x - 4:.1f},{y + 3:.1f} {x + 4:.1f},{y + 3:.1f}"
+        return f'<polygon points="{pts}" fill="{colour}">{title}</polygon>'
+    if shape == "diamond":
+        pts = f"{x:.1f},{y - 4:.1f} {x - 4:.1f},{y:.1f} {x:.1f},{y + 4:.1f} {x + 4:.1f},{y:.1f}"
+        return f'<polygon points="{pts}" fill="{colour}">{title}</polygon>'
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}">{title}</circle>'
+
+
 def panel_svg(
-    title: str, series: dict[str, list[tuple[float, float]]], baselines: set[str], ladder: Ladder
+    title: str,
+    series: dict[str, list[tuple[float, float]]],
+    baselines: set[str],
+    ladder: Ladder,
+    *,
+    missing: dict[str, list[float]] | None = None,
+    limit: list[tuple[float, float]] | None = None,
 ) -> str:
-    """One plot: a polyline per series over a log-2 x axis, a legend under it."""
+    """One plot: a polyline per series over a log-2 x axis, each with its own marker and the earlier
+    ones drawn wider (a line on top of another leaves it showing), a red cross where a series has no
+    value at a size (``missing``), the ``limit`` dotted, a legend under it."""
     esc = html.escape
-    xs = sorted({x for points in series.values() for x, _ in points})
-    ys = [y for points in series.values() for _, y in points]
+    missing = missing or {}
+    xs = sorted(
+        {x for points in series.values() for x, _ in points} | {x for m in missing.values() for x in m}
+    )
+    ys = [y for points in series.values() for _, y in points] + [y for _, y in limit or ()]
     top = 1.0 if ladder.fraction else max(ys) * 1.1 or 1.0
     lo, hi = math.log2(xs[0]), math.log2(xs[-1])
     span = hi - lo or 1.0
-    legend_rows = math.ceil(len(series) / 2)
+    legend_rows = math.ceil(len(series.keys() | missing.keys()) / 2) + (1 if limit else 0)
     height = HEIGHT + 14 * legend_rows
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
@@ -127,25 +164,45 @@ def panel_svg(
         f'<text x="12" y="{TOP + plot_h / 2}" text-anchor="middle" font-size="10" fill="#555" '
         f'transform="rotate(-90 12 {TOP + plot_h / 2})">{esc(ladder.y_label)}</text>'
     )
-    for i, (name, points) in enumerate(sorted(series.items())):
-        colour = PALETTE[i % len(PALETTE)]
+    if limit:
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in sorted(limit))
+        out.append(
+            f'<polyline class="limit" fill="none" stroke="#999" stroke-width="1.5" stroke-dasharray="1 3" '
+            f'points="{path}"><title>{esc(ladder.limit[0] if ladder.limit else "limit")}</title></polyline>'
+        )
+    names = sorted(series.keys() | missing.keys())
+    for i, name in enumerate(names):
+        points = series.get(name, [])
+        colour, shape = PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]
         dash = ' stroke-dasharray="5 3"' if name in baselines else ""
+        width = 1.5 + 1.5 * (len(names) - 1 - i)
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in sorted(points))
         out.append(
-            f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="2"{dash} points="{path}">'
+            f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="{width:g}"{dash} '
+            f'stroke-opacity="0.8" points="{path}">'
         )
         out.append(f"<title>{esc(name)}</title></polyline>")
         for x, y in points:
+            out.append(_marker(shape, px(x), py(y), colour, f"{name}: {_number(y)} at {_bytes(x)}"))
+        for x in missing.get(name, ()):
+            cx, cy = px(x), TOP + plot_h - 6
             out.append(
-                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}">'
-                f"<title>{esc(name)}: {_number(y)} at {esc(_bytes(x))}</title></circle>"
+                f'<path class="missing" d="M{cx - 4:.1f},{cy - 4:.1f}L{cx + 4:.1f},{cy + 4:.1f}'
+                f'M{cx - 4:.1f},{cy + 4:.1f}L{cx + 4:.1f},{cy - 4:.1f}" stroke="#c00" stroke-width="2">'
+                f"<title>{esc(name)}: no value at {esc(_bytes(x))} (it failed there)</title></path>"
             )
         lx = 8 + (i % 2) * (WIDTH / 2)
         ly = HEIGHT + 14 * (i // 2) - 10
         out.append(
             f'<line x1="{lx}" x2="{lx + 16}" y1="{ly - 4}" y2="{ly - 4}" stroke="{colour}" '
-            f'stroke-width="2"{dash}/>'
+            f'stroke-width="2"{dash}/>{_marker(shape, lx + 8, ly - 4, colour, name)}'
             f'<text x="{lx + 20}" y="{ly}" font-size="10">{esc(name[:40])}</text>'
+        )
+    if limit and ladder.limit:
+        ly = HEIGHT + 14 * math.ceil(len(names) / 2) - 10
+        out.append(
+            f'<line x1="8" x2="24" y1="{ly - 4}" y2="{ly - 4}" stroke="#999" stroke-dasharray="1 3"/>'
+            f'<text x="28" y="{ly}" font-size="10">{esc(ladder.limit[0])}</text>'
         )
     out.append("</svg>")
     return "".join(out)
@@ -158,17 +215,33 @@ def ladder_figures(records: list[dict[str, Any]]) -> list[str]:
         return []
     panels: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     baselines: dict[str, set[str]] = defaultdict(set)
+    without: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    limits: dict[str, dict[float, float]] = defaultdict(dict)
     for r in records:
         y, x = ladder.y(r), ladder.x(r)
-        if y is None or not x:
-            continue
         panel = ladder.panel(r)
-        panels[panel][r["impl"]].append((x, y))
         if r.get("baseline"):
             baselines[panel].add(r["impl"])
+        if not x:
+            continue
+        if y is None:
+            without[panel][r["impl"]].append(x)
+            continue
+        panels[panel][r["impl"]].append((x, y))
+        limit = ladder.limit[1](r) if ladder.limit else None
+        if limit is not None:
+            limits[panel][x] = max(limit, limits[panel].get(x, 0.0))
     figures = []
     for panel, series in sorted(panels.items()):
-        if len({x for points in series.values() for x, _ in points}) < 2:
+        xs = {x for points in series.values() for x, _ in points}
+        if len(xs) < 2:
             continue  # a single size: the table says it all
-        figures.append(panel_svg(panel, dict(series), baselines[panel], ladder))
+        missing = {name: list(found) for name, found in without[panel].items()}
+        if ladder.shared_x:  # a size the others have and this one lacks: it failed there
+            for name, points in series.items():
+                known = {x for x, _ in points} | set(missing.get(name, ()))
+                missing.setdefault(name, []).extend(sorted(xs - known))
+        missing = {name: found for name, found in missing.items() if found}
+        limit = sorted(limits[panel].items()) or None
+        figures.append(panel_svg(panel, dict(series), baselines[panel], ladder, missing=missing, limit=limit))
     return figures

@@ -143,6 +143,11 @@ def _ladder_document() -> dict:
         )
         for impl, base, factor in (("ring", False, 4), ("xla", True, 3))
         for arg, peak in ((1 << 20, factor << 20), (4 << 20, factor << 22))
+    ] + [  # a kernel with no peak at the larger size: it failed there
+        TpuMemoryRecord(
+            "allgather_matmul", "ring2", "v5e:2x4", (), peak, 0, 1, arg, 2, "xla", arg * 3, 1, False, "j"
+        )
+        for arg, peak in ((1 << 20, 2 << 20), (4 << 20, None))
     ]
     bench = [
         BenchRecord("all_gather", impl, base, "8-x-auto", 8, size // 8, "d", t, size, size, "cpu")
@@ -173,7 +178,10 @@ def test_the_html_page_groups_failures_by_cause_and_draws_the_ladders() -> None:
     smallest = page.index("smallest: <code>all_gather/kernel_dropping_odd_rows/values/0</code>")
     assert smallest < page.index("start here: <code>python -m conformance replay values")
     assert page.count('<svg class="ladder"') == 3, "one plot per ladder table"
-    assert page.count('class="series"') == 6 and 'stroke-dasharray="5 3"' in page, "baseline dashed"
+    assert page.count('class="series"') == 7 and 'stroke-dasharray="5 3"' in page, "baseline dashed"
+    assert page.count('class="limit"') == 1 and "the limit: 3x the baseline" in page, "memory's limit"
+    assert page.count('class="missing"') == 1 and "ring2: no value at 4 MiB (it failed there)" in page
+    assert "<rect x=" in page and "<polygon points=" in page, "a marker shape per line"
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
 
 
@@ -198,7 +206,9 @@ def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
         timeout=120,
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count("<polyline") == 6 and dom.stdout.count("<svg") == 3, dom.stdout[:3000]
+    shown = dom.stdout
+    assert shown.count('class="series"') == 7 and shown.count("<svg") == 3, shown[:3000]
+    assert shown.count('class="limit"') == 1 and shown.count('class="missing"') == 1, shown[:3000]
     shot = tmp_path / "report.png"
     done = subprocess.run(
         [
