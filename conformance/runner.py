@@ -381,6 +381,11 @@ def _traced_for_targets(key: Case, backward: bool) -> Any:
     return jax.jit(fn).trace(*abstract_args(key))
 
 
+def traced_for_targets(case: Case) -> Any:
+    """``case``'s forward pass traced, as every target's lowering starts from it (cached)."""
+    return _traced_for_targets(_compile_key(case), False)
+
+
 def lower_exactly(case: Case, target: str) -> Any:
     """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"``.
 

@@ -4,11 +4,15 @@ determinism check passes it: two calls agree, and that defect is the other check
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
 
 import conformance
 import conformance.kernels
-from conformance import checks, registry
+from conformance import checks, registry, specs
 from conformance.fixtures.meshes import parse_mesh
 from conformance.outcomes import run_here
 from conformance.runner import Case
@@ -42,3 +46,39 @@ def test_a_result_of_the_wrong_shape_is_one_failing_verdict(check: str) -> None:
     message = str(outcome.failure)
     assert "shape" in message and "(8, 8)" in message and "(16, 8)" in message, message
     assert "broadcast" not in message, message
+
+
+def _fails_while_tracing(lhs, rhs, *, mesh, axis_name):
+    """A loop whose carry changes type (the ppermute'd block is varying over the axis, the zeros it is
+    added to are not: shard_map's check_vma trap): JAX raises a TypeError while tracing."""
+
+    def body(a, b):
+        n = lax.axis_size(axis_name)
+
+        def step(i, acc):
+            return acc + lax.ppermute(a, axis_name, [(j, (j + 1) % n) for j in range(n)]) @ b
+
+        return lax.fori_loop(0, n, step, jnp.zeros((a.shape[0], b.shape[1]), a.dtype))
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
+    )(lhs, rhs)
+
+
+@pytest.mark.parametrize("check", ["values", "collectives", "cross_lowering", "overlap", "tpu_schedule"])
+def test_a_kernel_that_fails_while_tracing_is_one_cause_in_every_check(check: str) -> None:
+    """Every check gives the one verdict line "raised TypeError on valid input" (the summary shows one
+    cause), never "does not lower cleanly" or a compiler's refusal per topology."""
+    if "broken_agmm_fails_while_tracing" not in conformance.implementations("allgather_matmul"):
+        conformance.register("allgather_matmul", name="broken_agmm_fails_while_tracing")(_fails_while_tracing)
+    if check == "tpu_schedule":
+        dims, mesh = dict(specs.get("allgather_matmul").schedule_ladder[0]), "8-x-explicit"
+    else:
+        dims, mesh = {"rows_per_shard": 3, "K": 8, "cols_per_shard": 2}, "4-x-auto"
+    case = Case.make("allgather_matmul", "broken_agmm_fails_while_tracing", parse_mesh(mesh), dims, "float32")
+    outcome = run_here(checks.CHECKS[check], case, Session())
+    if outcome.verdict == "skipped":
+        pytest.skip(outcome.message)  # no libtpu here: nothing compiles for a TPU topology
+    assert outcome.verdict == "failed", outcome
+    assert outcome.what == "raised TypeError on valid input", outcome.what
+    assert "_fails_while_tracing" in str(outcome.failure) or "test_bad_outputs.py" in str(outcome.failure)
