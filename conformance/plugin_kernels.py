@@ -6,17 +6,26 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import traceback
 
 import pytest
 
 
 def import_modules(modules: list[str]) -> None:
-    """Import each of ``modules``; :class:`pytest.UsageError` (:func:`import_error`) at the first that
-    raises anything: an ImportError, its own SyntaxError, a ``register`` call it makes badly."""
+    """Import each of ``modules``, from ``sys.path`` and then the current directory (the ``pytest``
+    command, unlike ``python -m pytest``, does not put it on the path); :class:`pytest.UsageError`
+    (:func:`import_error`) at the first that raises anything: an ImportError, its own SyntaxError, a
+    ``register`` call it makes badly."""
     for module in modules:
         try:
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as e:
+                if not (e.name and module.startswith(e.name)) or os.getcwd() in sys.path:
+                    raise
+                sys.path.append(os.getcwd())
+                importlib.import_module(module)
         except Exception as e:
             raise pytest.UsageError(import_error(module, e)) from e
 
@@ -26,9 +35,9 @@ def import_error(module: str, error: BaseException) -> str:
     user's code, and for a module not found, how Python looks for it."""
     if isinstance(error, ModuleNotFoundError) and error.name and module.startswith(error.name):
         return (
-            f"--kernels: cannot import {module!r}: {error}. It is imported by name, from sys.path: run "
-            f"pytest from the directory that holds it (this run's is {os.getcwd()}), put that directory on "
-            "PYTHONPATH, or install the package that holds it"
+            f"--kernels: cannot import {module!r}: {error}. It is imported by name, from sys.path and the "
+            f"current directory ({os.getcwd()}): run pytest from the directory that holds it, put that "
+            "directory on PYTHONPATH, or install the package that holds it"
         )
     where = ""
     if isinstance(error, SyntaxError) and error.filename:

@@ -110,8 +110,9 @@ def _judge(case: Case, modules: list[tuple[str, str]], records: list[OverlapReco
         raise fail(
             case,
             "overlap",
-            f"the transfers cannot hide behind matmuls (the {module_name} module)",
+            "the transfers cannot hide behind matmuls",  # one cause whichever module showed it
             [
+                f"module         : the {module_name} module",
                 f"hideable       : {summary.fraction} transfers have a matmul independent of them",
                 f"threshold      : every transfer but one per ring direction ({summary.rings} "
                 f"direction{'s' if summary.rings > 1 else ''} here), and at least one",

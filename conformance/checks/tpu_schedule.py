@@ -386,9 +386,9 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             raise fail(
                 case,
                 check,
-                "its transfers leave more bytes exposed than the compiler's own collective matmul "
-                f"({topology})",
+                "its transfers leave more bytes exposed than the compiler's own collective matmul",
                 [
+                    f"topology       : {topology}",
                     f"exposed        : {size_text(scheduled.exposed_bytes)} per call received in transfers "
                     f"with no matmul inside them; the compiler's own (jit of the family's math): "
                     f"{size_text(compiler_exposed or 0)}",
@@ -403,8 +403,9 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
     raise fail(
         case,
         check,
-        f"in the real {compiler.NAME} schedule its transfers do not run beside matmuls ({topology})",
+        f"in the real {compiler.NAME} schedule its transfers do not run beside matmuls",  # any topology
         [
+            f"topology       : {topology}",
             f"hidden         : {scheduled.fraction} transfers have a matmul scheduled inside them",
             f"threshold      : every transfer but one per ring direction ({scheduled.rings} here), and at "
             "least one",

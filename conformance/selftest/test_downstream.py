@@ -219,3 +219,23 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
         timeout=120,
     )
     assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
+
+
+def test_the_example_kernel_passes_as_the_readme_checks_it(installed: dict[str, Path]) -> None:
+    """README, "Check your own kernel": from examples/my_kernels, the example ring passes every check
+    it claims (here its values, sharding, overlap and TPU schedule, the checks it was written for)."""
+    where = _copy_tree(Path(REPO, "examples", "my_kernels"), installed["root"] / "my_kernels")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH", "JAX_NUM_CPU_DEVICES")}
+    readme = ["pytest", "--pyargs", "conformance", "-m", "cpu", "--kernels=my_kernels", "--impl=my_*"]
+    checks = "test_values or test_output_sharding or test_overlap or test_tpu_schedule"
+    done = subprocess.run(
+        [installed["python"], "-m", *readme, "-n", "2", "-p", "no:cacheprovider", "-q", "-k", checks],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "passed" in summary and "failed" not in summary, summary

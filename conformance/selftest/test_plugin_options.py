@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import claims, registry, tpu_compiler
+from conformance import claims, plugin_kernels, registry, tpu_compiler
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
@@ -274,6 +274,18 @@ def test_a_kernels_module_that_does_not_import_is_one_usage_error(tmp_path: Path
         assert phrase in done.stderr, done.stderr[-2000:]
     assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
     assert len((done.stdout + done.stderr).strip().splitlines()) <= 3, done.stdout + done.stderr
+
+
+def test_a_kernels_module_in_the_current_directory_imports_without_it_on_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``pytest`` command, unlike ``python -m pytest``, puts no current directory on sys.path."""
+    (tmp_path / "here_kernels_4f2.py").write_text("LOADED = True\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    plugin_kernels.import_modules(["here_kernels_4f2"])
+    assert sys.modules["here_kernels_4f2"].LOADED
+    monkeypatch.delitem(sys.modules, "here_kernels_4f2")
 
 
 def test_a_kernels_module_not_on_the_path_says_how_python_finds_it(tmp_path: Path) -> None:
