@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from conformance import registry, runner, specs, tolerances
-from conformance.checks.base import Axes, Check, call_kernel, fail, keeping, require_shape
+from conformance.checks.base import Axes, Check, call_kernel, fail, keeping, require_array, require_shape
 from conformance.runner import Case
 from conformance.specs.base import BATCH_DIM
 
@@ -127,6 +127,7 @@ def check_accuracy(case: Case) -> AccuracyRecord:
         raise ValueError(f"{case.impl} is the baseline of {case.family}: nothing to compare with")
     inputs = runner.make_inputs(case)
     inputs64, out = call_kernel(case, "accuracy", lambda: runner.execute(case, inputs=inputs))
+    require_array(case, "accuracy", out)
     base_case, fold, unfold = _on_the_baseline(case, baseline)
     _, base_out = call_kernel(case, "accuracy", lambda: runner.execute(base_case, inputs=fold(inputs)))
     exact = case.spec.expected(inputs64, axis_size=case.mesh.axis_size)

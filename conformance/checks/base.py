@@ -200,7 +200,25 @@ def call_kernel(
 
 
 def run_case(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarray, ...], jax.Array]:
-    return call_kernel(case, check, lambda: (runner.execute_cached if cached else runner.execute)(case))
+    """``case`` run (:func:`call_kernel`); its result must be one ``jax.Array``."""
+    inputs64, out = call_kernel(
+        case, check, lambda: (runner.execute_cached if cached else runner.execute)(case)
+    )
+    require_array(case, check, out)
+    return inputs64, out
+
+
+def require_array(case: Case, check: str, value: Any, *, what: str = "out") -> None:
+    """``value`` (what the kernel returned) is one ``jax.Array``; else the check fails naming what it
+    was (a tuple, None, a numpy array), before anything reads its shards."""
+    if not isinstance(value, jax.Array):
+        kind = type(value).__name__ + (f" of {len(value)}" if isinstance(value, (tuple, list)) else "")
+        raise fail(
+            case,
+            check,
+            f"{what} is not a jax.Array",  # one verdict line whatever it was
+            [f"returned       : {kind}; the family's result is one jax.Array"],
+        )
 
 
 def require_shape(case: Case, check: str, value: Any, shape: tuple[int, ...], *, what: str = "out") -> None:

@@ -10,7 +10,15 @@ from typing import Any
 import jax
 
 from conformance import compat, mosaic, pallas_protocol, runner, tpu_compiler
-from conformance.checks.base import Axes, Check, call_kernel, compare_with_reference, fail, keeping
+from conformance.checks.base import (
+    Axes,
+    Check,
+    call_kernel,
+    compare_with_reference,
+    fail,
+    keeping,
+    require_array,
+)
 from conformance.runner import Case
 
 #: What a compile for a TPU may end in that the layout check judges itself: the kernel's refusal, the
@@ -126,6 +134,7 @@ def check_races(case: Case) -> None:
         raise ValueError(f"check_races needs a Pallas implementation and a dma_mode: {case}")
     with compat.watch_interpreted_calls() as ends:
         inputs64, out = call_kernel(case, "races", lambda: runner.execute(case, detect_races=True))
+        require_array(case, "races", out)
     where = f"kernel {case.impl} on {case.mesh.describe()}, dma_execution_mode={case.dma_mode!r}"
     unread = [end.unreadable for end in ends if end.unreadable]
     if unread:

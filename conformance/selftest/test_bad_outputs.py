@@ -48,6 +48,23 @@ def test_a_result_of_the_wrong_shape_is_one_failing_verdict(check: str) -> None:
     assert "broadcast" not in message, message
 
 
+@pytest.mark.parametrize("check", ["values", "accuracy", "output_sharding", "dtype", "determinism", "eager"])
+def test_a_result_that_is_not_one_array_is_one_failing_verdict(check: str) -> None:
+    """A kernel that returns a tuple (its result twice) fails naming what it returned."""
+    if "broken_agmm_returns_a_pair" not in conformance.implementations("allgather_matmul"):
+        ring = registry.get("allgather_matmul", "ring_allgather_matmul_unidirectional").fn
+        conformance.register("allgather_matmul", name="broken_agmm_returns_a_pair")(
+            lambda lhs, rhs, *, mesh, axis_name: (ring(lhs, rhs, mesh=mesh, axis_name=axis_name),) * 2
+        )
+    dims = {"rows_per_shard": 3, "K": 8, "cols_per_shard": 2}
+    dtype = "bfloat16" if check == "accuracy" else "float32"
+    case = Case.make("allgather_matmul", "broken_agmm_returns_a_pair", parse_mesh("4-x-auto"), dims, dtype)
+    outcome = run_here(checks.CHECKS[check], case, Session())
+    assert outcome.verdict == "failed", outcome
+    assert outcome.what == "out is not a jax.Array", outcome.what
+    assert "returned       : tuple of 2" in str(outcome.failure), outcome.failure
+
+
 def _fails_while_tracing(lhs, rhs, *, mesh, axis_name):
     """A loop whose carry changes type (the ppermute'd block is varying over the axis, the zeros it is
     added to are not: shard_map's check_vma trap): JAX raises a TypeError while tracing."""
