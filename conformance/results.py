@@ -39,6 +39,7 @@ import dataclasses
 import datetime
 import html
 import json
+import math
 import platform as platform_lib
 import re
 import sys
@@ -418,10 +419,18 @@ def to_html(document: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _case_size(outcome: dict[str, Any]) -> tuple[int, str]:
-    """A failing test's size for ordering: the sum of the numbers in its case token (devices, dims)."""
-    token = str(outcome.get("case") or outcome["id"])
-    return sum(int(n) for n in re.findall(r"\d+", token)), outcome["id"]
+def _case_size(outcome: dict[str, Any]) -> tuple[int, int, int, str]:
+    """A failing test's size for ordering, as the terminal's summary orders cases
+    (:meth:`conformance.runner.Case.size_key`): fewer devices, then fewer elements, then a narrower
+    dtype, read from its case token (``MESH:DIM=V,...:DTYPE:seed=S``); a test without one last."""
+    token = str(outcome.get("case") or "")
+    parts = token.split(":")
+    if len(parts) < 3 or not re.fullmatch(r"\d+(x\d+)*", parts[0].split("-")[0]):
+        return (1 << 62, 0, 0, outcome["id"])
+    devices = math.prod(int(n) for n in parts[0].split("-")[0].split("x"))
+    elements = math.prod(int(v) for _, v in re.findall(r"(\w+)=(\d+)", parts[1]))
+    bits = re.search(r"\d+", parts[2])
+    return devices, elements, int(bits[0]) if bits else 0, outcome["id"]
 
 
 def _failures_by_cause(failures: list[dict[str, Any]]) -> list[str]:

@@ -224,3 +224,34 @@ def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
         timeout=120,
     )
     assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
+
+
+def test_the_html_page_starts_where_the_terminal_does() -> None:
+    """The smallest case of a cause is the terminal's (fewer devices first, then fewer elements), not
+    the one whose token has the smallest numbers."""
+    import datetime
+
+    cases = [
+        "8-x-auto:rows_per_shard=1,cols=1:float32:seed=0",
+        "2-x-auto:rows_per_shard=64,cols=64:float32:seed=0",
+    ]
+    failed = [
+        results.Outcome(
+            id=f"{FAMILY}/{IMPL}/values/{case.split(':')[0]}",
+            nodeid=f"test_values[{i}]",
+            outcome="failed",
+            family=FAMILY,
+            impl=IMPL,
+            check="values",
+            message=f"[values] {WRONG}",
+            case=case,
+            replay=f"python -m conformance replay values {FAMILY} {IMPL} {case}",
+            what=WRONG,
+        )
+        for i, case in enumerate(cases)
+    ]
+    document = results.to_json(
+        failed, [], started=datetime.datetime(2026, 1, 1), duration_s=1.0, stale=[], command=["pytest"]
+    )
+    page = results.to_html(document)
+    assert f"smallest: <code>{FAMILY}/{IMPL}/values/2-x-auto</code>" in page, page[-3000:]
