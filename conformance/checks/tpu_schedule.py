@@ -95,9 +95,7 @@ def check_schedule(
     """The scheduled-overlap verdict of ``compiler`` (:mod:`~conformance.tpu_compiler` or
     :mod:`~conformance.gpu_compiler`) for each topology of the case's ring length, one ``record``
     each."""
-    spec, impl = case.spec, case.implementation
-    if impl.pallas:
-        raise NotJudged(PALLAS_OVERLAP)
+    spec = case.spec
     if not spec.overlap:
         raise NotJudged(f"family {case.family} has no compute to hide its transfers behind")
     records: list[Any] = []
@@ -380,7 +378,11 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
     if impl.baseline:
         return
     if not scheduled.transfers:
-        raise NotJudged(f"the module compiled for {topology} has no collective: no transfer to judge")
+        raise NotJudged(
+            PALLAS_OVERLAP
+            if impl.pallas
+            else f"the module compiled for {topology} has no collective: no transfer"
+        )
     if passes_rule(scheduled):
         if standing == "behind" and behind_fails(case):
             raise fail(
