@@ -13,7 +13,10 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import io
+import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -229,7 +232,52 @@ def interpret_params(*, dma_execution_mode: str, detect_races: bool) -> Any:
     """``pltpu.InterpretParams`` with the fields the suite sets (named alike in 0.6.2 and now)."""
     from jax.experimental.pallas import tpu as pltpu
 
-    return pltpu.InterpretParams(dma_execution_mode=dma_execution_mode, detect_races=detect_races)
+    fields = {"dma_execution_mode": dma_execution_mode, "detect_races": detect_races}
+    if "on_race" in {f.name for f in dataclasses.fields(pltpu.InterpretParams)}:
+        # JAX 0.12 raises RuntimeError("RACE DETECTED") at the first race by default, before it sets
+        # the race flag; "warn" logs it and sets the flag, as older JAX prints it and sets it
+        fields["on_race"] = "warn"
+    return pltpu.InterpretParams(**fields)
+
+
+@contextlib.contextmanager
+def race_reports() -> Iterator[list[str]]:
+    """The interpreter's race reports made inside the block ("RACE DETECTED\n  read of ... from ...,
+    <source line>\n ..."): printed to stdout up to JAX 0.10, logged from 0.12; caught from both and
+    passed on (the stream and the log still get them)."""
+    found: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if "RACE DETECTED" in text:
+                found.append(text)
+
+    class Tee(io.TextIOBase):
+        def __init__(self, out: Any) -> None:
+            self.out, self.seen = out, ""
+
+        def write(self, text: str) -> int:
+            if "RACE DETECTED" in self.seen + text or self.seen:
+                self.seen = (self.seen + text)[:65536]  # from the first report on, bounded
+            return self.out.write(text)
+
+        def flush(self) -> None:
+            self.out.flush()
+
+    handler = Catch()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    original = sys.stdout
+    sys.stdout = tee = Tee(original)
+    try:
+        yield found
+    finally:
+        sys.stdout = original
+        root.removeHandler(handler)
+        printed = tee.seen[tee.seen.find("RACE DETECTED") :] if "RACE DETECTED" in tee.seen else ""
+        for chunk in printed.split("RACE DETECTED")[1:]:  # a report runs to a blank line or the next
+            found.append("RACE DETECTED" + chunk.split("\n\n", 1)[0].rstrip())
 
 
 def _interpret_module() -> Any:

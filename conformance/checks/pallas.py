@@ -115,6 +115,11 @@ def _asked_about_a_refusal(case: Case, record: TpuLayoutRecord, fn: Any, args: t
     )
 
 
+def _indented(report: str) -> list[str]:
+    """A race report's lines (buffer and index range, device, the kernel's source line, clocks)."""
+    return [f"  {line.strip()}" for line in report.strip().splitlines() if line.strip()][:8]
+
+
 def check_races(case: Case) -> None:
     """Under TPU interpret mode with race detection: no race, no semaphore left with a count, and
     exact values.
@@ -132,7 +137,7 @@ def check_races(case: Case) -> None:
     """
     if not case.implementation.pallas or not case.dma_mode:
         raise ValueError(f"check_races needs a Pallas implementation and a dma_mode: {case}")
-    with compat.watch_interpreted_calls() as ends:
+    with compat.watch_interpreted_calls() as ends, compat.race_reports() as reports:
         inputs64, out = call_kernel(case, "races", lambda: runner.execute(case, detect_races=True))
         require_array(case, "races", out)
     where = f"kernel {case.impl} on {case.mesh.describe()}, dma_execution_mode={case.dma_mode!r}"
@@ -151,8 +156,11 @@ def check_races(case: Case) -> None:
             "TPU interpret mode detected a race",
             [
                 f"{where}, {calls}",
-                "the interpreter printed the racing accesses (buffer, range, device, source line) "
-                "to stderr above",
+                *(
+                    [f"racing accesses ({len(reports)} reported; the first):", *_indented(reports[0])]
+                    if reports
+                    else ["the interpreter reported no racing accesses this check could read"]
+                ),
             ],
         )
     left = [(i, sem) for i, end in enumerate(ends, 1) for sem in end.leftover]
