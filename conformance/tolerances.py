@@ -67,15 +67,41 @@ def is_exact(dtype: str) -> bool:
     return dtypes.result(dtype) not in UNIT_ROUNDOFF
 
 
+class Unbounded(ValueError):
+    """The worst-case bound says nothing at this size (``n * u >= 1``): judge another way
+    (:data:`BASELINE_ERROR_FACTOR`)."""
+
+
 def gamma(n: int, dtype: str) -> float:
-    """Higham's gamma_n for ``dtype`` (a pair's result dtype); 0 for exact (integer) dtypes."""
+    """Higham's gamma_n for ``dtype`` (a pair's result dtype); 0 for exact (integer) dtypes;
+    :class:`Unbounded` where ``n * u >= 1`` (bfloat16 from n = 256)."""
     dtype = dtypes.result(dtype)
     if is_exact(dtype):
         return 0.0
     nu = n * UNIT_ROUNDOFF[dtype]
     if nu >= 1:
-        raise ValueError(f"gamma_{n} is unbounded for {dtype}: choose a smaller contraction size")
+        raise Unbounded(f"gamma_{n} is unbounded for {dtype} (n * u = {nu:.3g} >= 1)")
     return nu / (1 - nu)
+
+
+#: Where the worst-case bound is unbounded (a bfloat16 contraction of 256 or more: every real bfloat16
+#: matmul), an element may be off by at most this many times the family baseline's largest error on
+#: the same inputs, plus one unit in the last place of the result dtype at its value. Why 2: a kernel
+#: that accumulates as the baseline does (float32 partials, one rounding at the end) has errors of the
+#: same distribution, its largest within a factor of about 1.5 of the baseline's over the thousands of
+#: elements the checks compare (summation order moves individual roundings, not their size); one
+#: that rounds partial sums to bfloat16 between ring steps errs by many times more, and a misplaced
+#: block by the size of the values themselves. The accuracy check holds the rms error to the
+#: baseline's more tightly (:data:`ACCURACY_RATIO_LIMIT`).
+BASELINE_ERROR_FACTOR = 2.0
+
+
+def baseline_relative_tolerance(expected: np.ndarray, baseline_error: np.ndarray, dtype: str) -> np.ndarray:
+    """The elementwise tolerance of :data:`BASELINE_ERROR_FACTOR`: ``expected``'s float64 values,
+    ``baseline_error`` the baseline's ``|computed - expected|`` on the same inputs."""
+    result = dtypes.result_np(dtype)
+    ulp = np.spacing(np.abs(expected).astype(result)).astype(np.float64)
+    return BASELINE_ERROR_FACTOR * float(np.max(baseline_error, initial=0.0)) + ulp
 
 
 def data_movement_tolerance(shape: tuple[int, ...]) -> np.ndarray:

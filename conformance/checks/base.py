@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from conformance import compat, dtypes, runner
+from conformance import compat, dtypes, runner, tolerances
 from conformance.blame import error_locations, error_text
 from conformance.runner import Case
 
@@ -243,8 +243,10 @@ def compare_shards(
     *,
     what: str = "out",
     subject: str | None = None,
+    rule: str | None = None,
 ) -> None:
-    """Every addressable shard of ``what`` against its block of ``expected``; reports the first wrong one."""
+    """Every addressable shard of ``what`` against its block of ``expected``; reports the first wrong one
+    (and the ``rule`` the tolerance came from, where it is not the worst-case bound)."""
     require_shape(case, check, out, expected.shape, what=what)
     mesh = runner.mesh_of(case)
     wrong = []
@@ -281,6 +283,8 @@ def compare_shards(
         f"wrong shards: {len(wrong)} of {len(out.addressable_shards)} "
         f"(devices {[s.device.id for s, _, _ in wrong]})"
     )
+    if rule:
+        details.append(f"tolerance rule : {rule}")
     subject = subject or ("values differ" if what == "out" else f"gradient {what} differs")
     raise fail(case, check, f"{subject} from the numpy float64 reference", details)
 
@@ -345,7 +349,34 @@ def lower_or_note_limit(case: Case, check: str, what: str, lower, target: str, l
 def compare_with_reference(
     case: Case, check: str, out: jax.Array, inputs64: tuple[np.ndarray, ...], *, subject: str | None = None
 ) -> None:
-    """Every shard of the result against the family's float64 reference, within the dtype's tolerance."""
+    """Every shard of the result against the family's float64 reference, within the dtype's tolerance:
+    its worst-case bound, or where that says nothing (:class:`conformance.tolerances.Unbounded`: a
+    bfloat16 contraction of 256 or more) the family baseline's error on the same inputs
+    (:func:`conformance.tolerances.baseline_relative_tolerance`), the rule named in a failure."""
     spec = case.spec
     expected = spec.expected(inputs64, axis_size=case.mesh.axis_size)
-    compare_shards(case, check, out, expected, spec.tolerance(*inputs64, case.dtype), subject=subject)
+    try:
+        tol, rule = spec.tolerance(*inputs64, case.dtype), None
+    except tolerances.Unbounded as unbounded:
+        tol, rule = _baseline_tolerance(case, check, inputs64, expected, str(unbounded))
+    compare_shards(case, check, out, expected, tol, subject=subject, rule=rule)
+
+
+def _baseline_tolerance(
+    case: Case, check: str, inputs64: tuple[np.ndarray, ...], expected: np.ndarray, why: str
+) -> tuple[np.ndarray, str]:
+    from conformance.checks.accuracy import _on_the_baseline, baseline_of  # the baseline's own case
+
+    baseline = baseline_of(case.family)
+    base_case, fold, unfold = _on_the_baseline(case, baseline)
+    inputs = tuple(a.astype(runner.np_dtype(case.dtype)) for a in inputs64)  # exact: they came from it
+    _, base_out = call_kernel(case, check, lambda: runner.execute(base_case, inputs=fold(inputs)))
+    folded = unfold(base_out, expected)  # the 2-D baseline's result in the case's form
+    base = folded if isinstance(folded, np.ndarray) else runner.global_value(folded)
+    error = np.abs(np.asarray(base).astype(np.float64) - expected)
+    tol = tolerances.baseline_relative_tolerance(expected, error, case.dtype)
+    rule = (
+        f"{why}: each element within {tolerances.BASELINE_ERROR_FACTOR:g}x the largest error of "
+        f"{baseline} on the same inputs ({float(error.max(initial=0.0)):.3g}) plus one ulp"
+    )
+    return tol, rule

@@ -39,3 +39,36 @@ def test_the_underflow_term_is_a_few_subnormal_spacings() -> None:
     spacing = float(np.finfo(np.float16).smallest_subnormal)
     assert (3 * spacing > tolerance).all()
     assert tolerances.UNDERFLOW_ERROR["float16"] == spacing / 2
+
+
+# ----------------------------------------------------------------------------- beyond the bound
+
+
+def _values(impl: str, family: str, dims: dict[str, int]):
+    import conformance.kernels
+    import conformance.selftest.broken_matmul_reduce_scatter_kernels  # noqa: F401
+    from conformance import checks
+    from conformance.fixtures.meshes import parse_mesh
+    from conformance.outcomes import run_here
+    from conformance.runner import Case
+    from conformance.session import Session
+
+    case = Case.make(family, impl, parse_mesh("4-x-auto"), dims, "bfloat16")
+    return run_here(checks.CHECKS["values"], case, Session())
+
+
+def test_a_bfloat16_contraction_of_256_or_more_is_judged_against_the_baseline() -> None:
+    """gamma_K says nothing for bfloat16 from K = 256 (K * u >= 1): the built-in ring passes on the
+    baseline's error (the check raised "gamma_257 is unbounded"), and a ring that sends its partial
+    sums the wrong way fails, naming the rule that judged. (Partial sums rounded to bfloat16 between
+    steps are within it, as within the bound at small K: the accuracy check is theirs.)"""
+    with pytest.raises(tolerances.Unbounded):
+        tolerances.gamma(257, "bfloat16")
+    dims = {"rows_per_shard": 8, "k_per_shard": 128, "cols": 64}  # K = 512 on a ring of 4
+    passed = _values("ring_matmul_reduce_scatter_unidirectional", "matmul_reduce_scatter", dims)
+    assert passed.verdict == "passed", passed
+    failed = _values("broken_mrs_wrong_neighbour", "matmul_reduce_scatter", dims)
+    assert failed.verdict == "failed", failed
+    message = str(failed.failure)
+    assert "tolerance rule : gamma_513 is unbounded for bfloat16" in message, message
+    assert "2x the largest error of xla_matmul_reduce_scatter on the same inputs" in message, message
