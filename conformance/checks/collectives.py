@@ -250,10 +250,14 @@ def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> No
     Pallas TPU kernel (lowered as the real kernel, not the interpreter).
     """
     impl = case.implementation
+
     # Traced once, as every target gets it: what raises here is the kernel's own (one cause with the
     # other checks' "raised ... on valid input"), not a target's lowering.
-    with contextlib.suppress(mosaic.TpuConstraintError):  # a Pallas shape a TPU refuses: handled below
-        call_kernel(case, "cross_lowering", lambda: runner.traced_for_targets(case))
+    def trace() -> None:
+        with contextlib.suppress(mosaic.TpuConstraintError):  # a shape a TPU refuses: handled below
+            runner.traced_for_targets(case)
+
+    call_kernel(case, "cross_lowering", trace)
     problems, host_limited = [], []
     for target in targets or impl.lowering_targets:
         try:

@@ -41,9 +41,6 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_semaphores_per_step": "test_tpu_pod",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
-    # the racing accesses in the verdict (buffer, index range, devices, the kernel's line), at every JAX
-    # end: printed up to 0.10, logged by 0.12 (which raised at the first race before it was told not to)
-    "broken_pallas_seed_shared_semaphores": "racing accesses (",
     "broken_pallas_waits_for_missing_signal": "did not finish within",
     # bounded: the worker process reports where its threads are stuck and is replaced
     "broken_pallas_blocks_beyond_the_watchdog": "beyond the watchdog's reach, in the kernel's own code",

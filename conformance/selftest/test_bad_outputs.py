@@ -99,3 +99,23 @@ def test_a_kernel_that_fails_while_tracing_is_one_cause_in_every_check(check: st
     assert outcome.verdict == "failed", outcome
     assert outcome.what == "raised TypeError on valid input", outcome.what
     assert "_fails_while_tracing" in str(outcome.failure) or "test_bad_outputs.py" in str(outcome.failure)
+
+
+@pytest.mark.parametrize("dma_mode", ["on_wait"])
+def test_a_race_verdict_quotes_the_racing_accesses(dma_mode: str) -> None:
+    """The seed kernel's shared semaphores race under on_wait DMAs: the verdict is the race, with the
+    racing accesses (buffer, index range, devices, the kernel's line), at every JAX end (printed up to
+    0.10; logged by 0.12, which raised at the first race until it was told to log it)."""
+    import dataclasses
+
+    import conformance.selftest.broken_pallas_kernels  # noqa: F401  (registers it)
+
+    dims = {"rows_per_shard": 8, "cols": 128}
+    case = Case.make(
+        "all_gather", "broken_pallas_seed_shared_semaphores", parse_mesh("4-x-auto"), dims, "float32"
+    )
+    outcome = run_here(checks.CHECKS["races"], dataclasses.replace(case, dma_mode=dma_mode), Session())
+    assert outcome.verdict == "failed" and outcome.what == "TPU interpret mode detected a race", outcome
+    message = str(outcome.failure)
+    assert "racing accesses (" in message and "RACE DETECTED" in message, message
+    assert "broken_pallas_kernels.py:" in message, message  # the kernel's own line
