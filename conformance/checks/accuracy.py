@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from conformance import registry, runner, specs, tolerances
+from conformance import runner, tolerances
 from conformance.checks.base import Axes, Check, call_kernel, fail, keeping, require_array, require_shape
+from conformance.checks.baseline_case import baseline_of, on_the_baseline
 from conformance.runner import Case
-from conformance.specs.base import BATCH_DIM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,38 +58,6 @@ BACKWARD_ACCURACY_CURE = (
 )
 
 
-def baseline_of(family: str) -> str:
-    found = registry.reference_baseline(family)
-    if found is None:
-        raise ValueError(f"family {family} has no registered baseline to compare accuracy with")
-    return found.name
-
-
-def _on_the_baseline(case: Case, baseline: str) -> tuple[Case, Any, Any]:
-    """The baseline's case for ``case``, and how to fold ``case``'s arrays into it and its results back:
-    the same case, or for a batched kernel's (the baseline takes the 2-D form) the 2-D case with the
-    batch folded into the rows, whose dot products are the batched case's, element for element."""
-    base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
-    spec, family = case.spec, specs.get(case.family)
-    if BATCH_DIM not in spec.dims or BATCH_DIM in registry.spec_of(case.family, baseline).dims:
-        return base_case, lambda arrays: arrays, lambda value, like: value
-    dims = family.unbatched(case.dims_map)
-    base_case = Case.make(
-        case.family, baseline, case.mesh, dims, case.dtype, platform=case.platform, seed=case.seed
-    )
-    batched = [op.name in family.batched_operands for op in family.operands]
-
-    def fold(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        """The operands (and a trailing cotangent, batched like the result) in the 2-D form."""
-        flags = [*batched, True][: len(arrays)]
-        return tuple(a.reshape(-1, *a.shape[2:]) if on else a for a, on in zip(arrays, flags, strict=True))
-
-    def unfold(value: object, like: np.ndarray) -> np.ndarray:
-        return runner.global_value(value).reshape(like.shape)
-
-    return base_case, fold, unfold
-
-
 def _measured(
     case: Case, baseline: str, out: object, base_out: object, exact: np.ndarray, gradient: str = ""
 ) -> AccuracyRecord:
@@ -128,7 +96,7 @@ def check_accuracy(case: Case) -> AccuracyRecord:
     inputs = runner.make_inputs(case)
     inputs64, out = call_kernel(case, "accuracy", lambda: runner.execute(case, inputs=inputs))
     require_array(case, "accuracy", out)
-    base_case, fold, unfold = _on_the_baseline(case, baseline)
+    base_case, fold, unfold = on_the_baseline(case, baseline)
     _, base_out = call_kernel(case, "accuracy", lambda: runner.execute(base_case, inputs=fold(inputs)))
     exact = case.spec.expected(inputs64, axis_size=case.mesh.axis_size)
     require_shape(case, "accuracy", out, exact.shape)
@@ -160,7 +128,7 @@ def check_backward_accuracy(case: Case) -> list[AccuracyRecord]:
     if spec.vjp_reference is None:
         raise ValueError(f"family {case.family} defines no gradients")
     inputs, ct = runner.make_inputs(case), runner.make_cotangent(case)
-    base_case, fold, unfold = _on_the_baseline(case, baseline)
+    base_case, fold, unfold = on_the_baseline(case, baseline)
     *base_inputs, base_ct = fold((*inputs, ct))
 
     def pullback(of: Case, inputs: tuple, ct: np.ndarray) -> tuple:

@@ -20,6 +20,7 @@ import numpy as np
 
 from conformance import compat, dtypes, runner, tolerances
 from conformance.blame import error_locations, error_text
+from conformance.checks.baseline_case import baseline_of, on_the_baseline
 from conformance.runner import Case
 
 
@@ -365,10 +366,8 @@ def compare_with_reference(
 def _baseline_tolerance(
     case: Case, check: str, inputs64: tuple[np.ndarray, ...], expected: np.ndarray, why: str
 ) -> tuple[np.ndarray, str]:
-    from conformance.checks.accuracy import _on_the_baseline, baseline_of  # the baseline's own case
-
     baseline = baseline_of(case.family)
-    base_case, fold, unfold = _on_the_baseline(case, baseline)
+    base_case, fold, unfold = on_the_baseline(case, baseline)
     inputs = tuple(a.astype(runner.np_dtype(case.dtype)) for a in inputs64)  # exact: they came from it
     _, base_out = call_kernel(case, check, lambda: runner.execute(base_case, inputs=fold(inputs)))
     folded = unfold(base_out, expected)  # the 2-D baseline's result in the case's form
