@@ -101,21 +101,32 @@ def test_a_kernel_that_fails_while_tracing_is_one_cause_in_every_check(check: st
     assert "_fails_while_tracing" in str(outcome.failure) or "test_bad_outputs.py" in str(outcome.failure)
 
 
-@pytest.mark.parametrize("dma_mode", ["on_wait"])
-def test_a_race_verdict_quotes_the_racing_accesses(dma_mode: str) -> None:
-    """The seed kernel's shared semaphores race under on_wait DMAs: the verdict is the race, with the
-    racing accesses (buffer, index range, devices, the kernel's line), at every JAX end (printed up to
-    0.10; logged by 0.12, which raised at the first race until it was told to log it)."""
-    import dataclasses
+PRINTED_RACE = (  # JAX 0.10.2's interpreter prints this (0.6.2 the same without the clocks)
+    "RACE DETECTED\n  read of ('hbm', 101, 2, 0)[(0, slice(4, 8, 1), slice(0, 128, 1))] from 127, 0, "
+    "kernels.py:132:12 (_kernel)\n  clock: [29 29 29 30 12 14 14  5]\n  write of ('hbm', 101, 2, 0)"
+    "[(0, slice(4, 8, 1), slice(0, 128, 1))] from 120, 0 kernels.py:132:12 (_kernel)\n"
+    "  clock: [ 9  8 14 19]\n"
+)
 
-    import conformance.selftest.broken_pallas_kernels  # noqa: F401  (registers it)
 
-    dims = {"rows_per_shard": 8, "cols": 128}
-    case = Case.make(
-        "all_gather", "broken_pallas_seed_shared_semaphores", parse_mesh("4-x-auto"), dims, "float32"
-    )
-    outcome = run_here(checks.CHECKS["races"], dataclasses.replace(case, dma_mode=dma_mode), Session())
-    assert outcome.verdict == "failed" and outcome.what == "TPU interpret mode detected a race", outcome
-    message = str(outcome.failure)
-    assert "racing accesses (" in message and "RACE DETECTED" in message, message
-    assert "broken_pallas_kernels.py:" in message, message  # the kernel's own line
+def test_race_reports_are_caught_from_the_interpreters_print_and_log() -> None:
+    """Printed (JAX 0.6.2 to 0.10) or logged (0.12, told on_race="warn"), the racing accesses reach
+    the race verdict (checks.pallas.check_races quotes the first); the stream and the log still get
+    them. (The seed kernel's race itself shows or not by the interpreter's timing: the sweep holds
+    that the races check rejects it.)"""
+    import logging
+
+    from conformance import compat
+
+    with compat.race_reports() as reports:
+        print(PRINTED_RACE)
+        print("an unrelated line")
+        logging.getLogger("jax._src.pallas").warning(
+            "RACE DETECTED\n  write of ('hbm', 7)[0:4] from (1, 0), k.py:9"
+        )
+    assert len(reports) == 2, reports  # the log's as it comes, the print's at the end of the block
+    printed = next(r for r in reports if "kernels.py:132" in r)
+    assert printed.startswith("RACE DETECTED\n  read of ('hbm', 101, 2, 0)") and "clock:" in printed
+    assert "unrelated" not in printed and any(r.endswith("k.py:9") for r in reports), reports
+    params = compat.interpret_params(dma_execution_mode="on_wait", detect_races=True)
+    assert getattr(params, "on_race", "warn") == "warn", params  # never "raise" where the field exists
