@@ -32,18 +32,25 @@ _MESH_AXIS = re.compile(r"\s*'?(?P<name>[^'=,\s]+)'?=(?P<size>\d+)\s*")
 _AXIS_REF = re.compile(r"\s*'?(?P<name>[^':,\s]+)'?(?::\((?P<pre>\d+)\)(?P<size>\d+))?\s*")
 
 
+def _iota(dims_text: str, perm_text: str | None, *, what: str, text: str) -> np.ndarray:
+    """XLA's iota tile assignment ``[dims]T(perm)``: ``arange`` over ``dims``, transposed by ``perm``."""
+    dims = _ints(dims_text)
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if perm_text:
+        perm = _ints(perm_text)
+        if sorted(perm) != list(range(len(dims))):
+            raise _unknown(f"{what} (transpose is not a permutation of the dims)", text)
+        ids = ids.transpose(perm)
+    return ids
+
+
 def _iota_groups(text: str) -> Groups:
     """Expand the iota form ``[G,S]<=[dims]T(perm)``: iota over dims, transposed, cut into G groups of S."""
     m = _IOTA.fullmatch(text.strip())
     if not m:
         raise _unknown("the iota replica groups", text)
-    shape, dims = _ints(m["shape"]), _ints(m["dims"])
-    ids = np.arange(math.prod(dims)).reshape(dims)
-    if m["perm"]:
-        perm = _ints(m["perm"])
-        if sorted(perm) != list(range(len(dims))):
-            raise _unknown("the iota replica groups (transpose is not a permutation of the dims)", text)
-        ids = ids.transpose(perm)
+    shape = _ints(m["shape"])
+    ids = _iota(m["dims"], m["perm"], what="the iota replica groups", text=text)
     if len(shape) != 2 or math.prod(shape) != ids.size:
         raise _unknown("the iota replica groups (group shape does not cover the devices)", text)
     return _rows(ids, shape[1])
@@ -115,14 +122,9 @@ def _mesh_device_ids(ids: str, text: str) -> np.ndarray:
     m = _IOTA_IDS.fullmatch(ids.strip())
     if not m:
         raise _unknown("the mesh-axes replica groups (device_ids)", text)
-    dims = _ints(m["dims"])
-    laid = np.arange(math.prod(dims)).reshape(dims)
-    if m["perm"]:
-        perm = _ints(m["perm"])
-        if sorted(perm) != list(range(len(dims))):
-            raise _unknown("the mesh-axes replica groups (device_ids: transpose is no permutation)", text)
-        laid = laid.transpose(perm)
-    return laid.reshape(-1)
+    return _iota(m["dims"], m["perm"], what="the mesh-axes replica groups (device_ids)", text=text).reshape(
+        -1
+    )
 
 
 def _mesh_groups(text: str) -> Groups:
