@@ -12,6 +12,11 @@ import traceback
 import pytest
 
 
+def kernel_modules(config: pytest.Config) -> list[str]:
+    """The modules ``--kernels`` names (comma-separated, the option repeatable)."""
+    return [m.strip() for opt in config.getoption("kernels") for m in opt.split(",") if m.strip()]
+
+
 def import_modules(modules: list[str]) -> None:
     """Import each of ``modules``, from ``sys.path`` and then the current directory (the ``pytest``
     command, unlike ``python -m pytest``, does not put it on the path); :class:`pytest.UsageError`

@@ -243,10 +243,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def kernel_modules(config: pytest.Config) -> list[str]:
-    return [m.strip() for opt in config.getoption("kernels") for m in opt.split(",") if m.strip()]
-
-
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
@@ -276,12 +272,9 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
-    if run_settings.compiler_options and not plugin_xdist.is_worker(config):
-        problem = target_compiles.check_user_options(
-            run_settings.compiler_options, [tpu_compiler, gpu_compiler]
-        )
-        if problem is not None:
-            raise pytest.UsageError(problem)
+    compilers = [] if plugin_xdist.is_worker(config) else [tpu_compiler, gpu_compiler]  # the controller's
+    if problem := target_compiles.check_user_options(run_settings.compiler_options, compilers):
+        raise pytest.UsageError(problem)
     session = Session(run_settings)
     session.log = results.RunLog(unsent=[] if plugin_xdist.is_worker(config) else None)
     config.stash[SESSION] = session
@@ -323,7 +316,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(controller, "conformance-xdist")
     config.pluginmanager.register(plugin_report, "conformance-report")  # its hooks: the end of the run
     config.pluginmanager.register(pytest_fixtures, "conformance-fixtures")
-    plugin_kernels.import_modules(["conformance.kernels", *kernel_modules(config)])
+    plugin_kernels.import_modules(["conformance.kernels", *plugin_kernels.kernel_modules(config)])
     pattern = config.getoption("impl")
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
         names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))

@@ -198,7 +198,10 @@ def user_options(compiler: Any) -> dict[str, object]:
 
 def check_user_options(pairs: tuple[tuple[str, object], ...], compilers: list[Any]) -> str | None:
     """``None`` if each option of ``pairs`` is taken by one of the available ``compilers``, else why
-    not, quoting each compiler: a usage error, found before any check runs."""
+    not, quoting each compiler: a usage error, found before any check runs (``None`` with no
+    compilers to ask: a pytest-xdist worker leaves it to the controller)."""
+    if not pairs or not compilers:
+        return None
     available = [c for c in compilers if c.available()]
     if pairs and not available:
         names = ", ".join(f"{n}={v}" for n, v in pairs)

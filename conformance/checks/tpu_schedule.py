@@ -457,24 +457,12 @@ def _record_modes(case: Case, topology: str, records: list[Any], *, compiler: An
             if "No such compile option" in str(refusal):
                 continue  # this compiler has no such mode
             flags = target_compiles.flags_in_effect(compiler.compile_options(options))
-            records.append(
-                record(
-                    case.family,
-                    f"{case.impl}[{mode}]",
-                    topology,
-                    case.mesh.axis_size,
-                    case.dims,
-                    0,
-                    0,
-                    0,
-                    f"refused: {' '.join(str(refusal).split())[:200]}",
-                    True,
-                    compiler.judge(topology),
-                    compilers_own=True,
-                    flags=flags,
-                )
-            )
-            continue
+            found = (0, 0, 0, f"refused: {' '.join(str(refusal).split())[:200]}", 0, flags)
+        else:
+            flags = getattr(compiled, "flags", "compiler defaults")
+            found = (_hop_bytes(module), scheduled.hidden, scheduled.total, scheduled.order_text(),
+                     scheduled.exposed_bytes, flags)  # fmt: skip
+        hop, hidden, total, order, exposed, flags = found
         records.append(
             record(
                 case.family,
@@ -482,15 +470,15 @@ def _record_modes(case: Case, topology: str, records: list[Any], *, compiler: An
                 topology,
                 case.mesh.axis_size,
                 case.dims,
-                _hop_bytes(module),
-                scheduled.hidden,
-                scheduled.total,
-                scheduled.order_text(),
+                hop,
+                hidden,
+                total,
+                order,
                 True,
                 compiler.judge(topology),
-                exposed_bytes=scheduled.exposed_bytes,
+                exposed_bytes=exposed,
                 compilers_own=True,
-                flags=getattr(compiled, "flags", "compiler defaults"),
+                flags=flags,
             )
         )
 
