@@ -11,7 +11,9 @@ calls ``jax.distributed.initialize`` exactly as ``pytest --distributed`` does un
 launcher (mpirun, srun, a TPU pod's ``--worker=all``), where JAX detects the cluster itself.
 
 Rank 0's output is shown as it runs; every rank's full log is kept in a directory named at
-the start. The job's exit status is 0 only if every rank exits 0. When a rank fails, dies or
+the start. The job's exit status is 0 only if every rank exits 0; otherwise it is the status of the
+first rank to fail (pytest's: 1 for failed tests, 4 for a usage error), or 1 where a signal ended
+that rank. When a rank fails, dies or
 the job outlives ``--timeout``, the others are stopped (their whole process groups: nothing
 is left behind), and the launcher prints which rank, the test it was in (each rank's plugin
 writes its current test to the log directory) and the tail of that rank's log.
@@ -179,14 +181,19 @@ def launch(
                 shown = _follow(rank0, shown, out)
                 log = log_dir / f"rank-{rank}.log"
                 took = time.monotonic() - start
+                # rank 0's log was shown as it ran: its tail again would say everything twice
+                tail = (
+                    ""
+                    if rank == 0
+                    else f"\n--- last lines of rank {rank}'s log ({log}) ---\n{_tail(log)}\n--- end ---"
+                )
                 print(
                     f"\nconformance launch: rank {rank} of {processes} ended with {_status(code)} "
-                    f"in {test} after {took:.1f} s; the other ranks were stopped.\n"
-                    f"--- last lines of rank {rank}'s log ({log}) ---\n{_tail(log)}\n--- end ---",
+                    f"in {test} after {took:.1f} s; the other ranks were stopped.{tail}",
                     file=out,
                     flush=True,
                 )
-                return 1
+                return code if code > 0 else 1
             if all(c == 0 for c in codes):
                 _follow(rank0, shown, out)
                 took = time.monotonic() - start

@@ -43,12 +43,34 @@ def opt_gather(x, *, mesh, axis_name):
 """
 
 
-def _pytest(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.CompletedProcess:
+#: How a sub-run is started: one process, pytest-xdist's workers, or a job of two processes.
+WORKERS = {
+    "one-process": (),
+    "xdist": ("-n", "2"),
+    "job": (
+        sys.executable,
+        "-m",
+        "conformance",
+        "launch",
+        "--processes",
+        "2",
+        "--devices-per-process",
+        "4",
+        "--",
+    ),
+}
+
+
+def _pytest(
+    tmp_path: Path, *args: str, kernels: str = KERNELS, how: str = "one-process"
+) -> subprocess.CompletedProcess:
     (tmp_path / "opt_kernels.py").write_text(textwrap.dedent(kernels))
     env = subprocess_env()
     env["PYTHONPATH"] = str(tmp_path)
+    launcher = WORKERS[how] if how == "job" else ()
     return subprocess.run(
         [
+            *launcher,
             sys.executable,
             "-m",
             "pytest",
@@ -59,6 +81,7 @@ def _pytest(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.Co
             "no:cacheprovider",
             "-q",
             *args,
+            *(WORKERS[how] if how == "xdist" else ()),
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -208,11 +231,14 @@ def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tm
         assert any(f"test_output_sharding[opt_gather-{mesh}-even" in t for t in kept), mesh
 
 
-@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist"])
+@pytest.mark.parametrize("how", sorted(WORKERS))
 @pytest.mark.parametrize(
     "meshes, says",
     [
-        ("16-x-auto", "16-x-auto needs 16 devices; the suite's CPU run (8 simulated devices) has 8"),
+        (
+            "16-x-auto",
+            "16-x-auto needs 16 devices; ",
+        ),  # "the suite's CPU run (8 ...) has 8", "this job of 2 x 4"
         ("6-q-auto", "mesh label '6-q-auto': axis 'q' is not one of ('x',)"),
         ("4-x-atuo", "bad mesh label '4-x-atuo'"),
         ("4-x-atuo", "did you mean 4-x-auto"),
@@ -220,11 +246,11 @@ def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tm
     ],
 )
 def test_a_mesh_the_run_cannot_build_is_a_usage_error(
-    tmp_path: Path, meshes: str, says: str, workers
+    tmp_path: Path, meshes: str, says: str, how: str
 ) -> None:
-    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", f"--meshes={meshes}", *workers)
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", f"--meshes={meshes}", how=how)
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
-    assert says in done.stderr, done.stderr[-2000:]
+    assert says in done.stdout + done.stderr, done.stderr[-2000:]  # a job shows rank 0's output on stdout
     assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
 
 
@@ -264,16 +290,19 @@ BAD_KERNEL_MODULES = {
 }
 
 
-@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist"])
+@pytest.mark.parametrize("how", sorted(WORKERS))
 @pytest.mark.parametrize("bad", sorted(BAD_KERNEL_MODULES))
-def test_a_kernels_module_that_does_not_import_is_one_usage_error(tmp_path: Path, bad: str, workers) -> None:
+def test_a_kernels_module_that_does_not_import_is_one_usage_error(tmp_path: Path, bad: str, how: str) -> None:
     source, *says = BAD_KERNEL_MODULES[bad]
-    done = _pytest(tmp_path, "-m", "cpu", *workers, kernels=source)
-    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    done = _pytest(tmp_path, "-m", "cpu", kernels=source, how=how)
+    output = done.stdout + done.stderr
+    assert done.returncode == 4, output[-3000:]
     for phrase in says:
-        assert phrase in done.stderr, done.stderr[-2000:]
-    assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
-    assert len((done.stdout + done.stderr).strip().splitlines()) <= 3, done.stdout + done.stderr
+        assert phrase in output, output[-2000:]
+    assert "INTERNALERROR" not in output, output[-3000:]
+    # the error line, and in a job the launcher's lines around it (which rank ended, and its log)
+    assert len(output.strip().splitlines()) <= (3 if how != "job" else 9), output
+    assert sum(says[0] in line for line in output.splitlines()) <= 2, output
 
 
 def test_a_kernels_module_in_the_current_directory_imports_without_it_on_the_path(
