@@ -204,6 +204,7 @@ class Worker:
                     answer["family"], answer["impl"], answer["token"], platform=case.platform
                 )
                 failure.check, failure.what = answer["check"], answer["what"]
+                failure.why = answer.get("why")
             if answer.get("hung"):
                 session.hung[key] = session_lib.Hang(answer["what"], case.token)
             return CheckOutcome(name, case, "failed", message, failure.what, failure, records)
@@ -222,7 +223,14 @@ def _failure_message(failure: checks.ConformanceFailure) -> dict[str, Any]:
     message: dict[str, Any] = {"outcome": "failed", "message": str(failure)}
     if failure.case is not None:
         c = failure.case
-        message.update(family=c.family, impl=c.impl, token=c.token, check=failure.check, what=failure.what)
+        message.update(
+            family=c.family,
+            impl=c.impl,
+            token=c.token,
+            check=failure.check,
+            what=failure.what,
+            why=failure.why,
+        )
     return message
 
 

@@ -115,6 +115,7 @@ class OutcomeRecorder:
             duration_s=round(report.duration + (prior.duration_s if prior else 0.0), 4),
             xfail_reason=getattr(report, "wasxfail", None) or None,
             what=cause.get("what") if cause else None,
+            why=cause.get("why") if cause else None,
             failure=results.FailureCause.from_json(cause) if cause else None,
         )
 

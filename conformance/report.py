@@ -94,6 +94,8 @@ def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
             first = smallest(vs)
             at = f"; smallest: {first.case_token} ({first.check})" if first else ""
             lines.append(f"       in {where}{at}")
+            if first and first.why:
+                lines.append(f"       why: {first.why}")
         if len(ordered) > MAX_CAUSES:
             rest = ordered[MAX_CAUSES:]
             lines.append(f"  ... and {len(rest)} more causes ({sum(len(vs) for _, vs in rest)} failures)")

@@ -24,7 +24,7 @@ The JSON (``--conformance-json``), schema version :data:`SCHEMA`::
      "matrix": {"family/impl": {check: {outcome: n}}},
      "outcomes": [{"id", "nodeid", "family", "impl", "check", "mesh", "platform", "dtype",
                    "shape", "dma_mode", "outcome", "message", "case", "replay", "duration_s",
-                   "xfail_reason"}],
+                   "xfail_reason", "what", "why"}],
      "tables": [{"title", "lines": [...], "records": [{...}, ...]}],
      "known_failures": {"stale": [{"file", "line", "pattern"}]}}
 
@@ -69,6 +69,8 @@ class FailureCause:
     case_token: str | None = None
     case_size: tuple[Any, ...] | None = None
     replay: str | None = None
+    #: Why, in one line, where the check said more than its verdict (which block landed where).
+    why: str | None = None
 
     @classmethod
     def of(cls, failure: Any, *, check: str | None = None) -> FailureCause | None:
@@ -78,13 +80,14 @@ class FailureCause:
             return None
         case, named = getattr(failure, "case", None), getattr(failure, "check", None) or check
         if case is None:
-            return cls(named, getattr(failure, "what", None))
+            return cls(named, getattr(failure, "what", None), why=getattr(failure, "why", None))
         return cls(
             named,
             failure.what,
             case_token=case.token,
             case_size=tuple(case.size_key()),
             replay=case.replay_command(named) if named else None,
+            why=getattr(failure, "why", None),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -116,6 +119,8 @@ class Outcome:
     xfail_reason: str | None = None
     #: A failure's one-line verdict (what the failure summary groups by), where a check gave one.
     what: str | None = None
+    #: Why, in one line, where the check said more than its verdict (which block landed where).
+    why: str | None = None
     #: The check's failure as the run's failure summary needs it; not part of the JSON.
     failure: FailureCause | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -455,6 +460,7 @@ def _failures_by_cause(failures: list[dict[str, Any]]) -> list[str]:
                 f'<details class="cause"><summary><b>{len(group)}x</b> {esc(cause)} '
                 f"<small>(in {esc(where)})</small></summary>"
                 f"<p>smallest: <code>{esc(first['id'])}</code></p>"
+                + (f"<p>why: {esc(first['why'])}</p>" if first.get("why") else "")
                 + (f"<p>start here: <code>{esc(first['replay'])}</code></p>" if first.get("replay") else "")
                 + f"<pre>{esc(first['message'])}</pre>"
             )

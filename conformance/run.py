@@ -59,7 +59,11 @@ def agreed(outcome: CheckOutcome) -> CheckOutcome:
     not-judged) on any rank is every rank's. Each rank keeps its own records."""
     mine: dict[str, Any] = {"verdict": outcome.verdict, "message": outcome.message}
     if outcome.failure is not None:
-        mine.update(what=outcome.failure.what, check=outcome.failure.check or outcome.check)
+        mine.update(
+            what=outcome.failure.what,
+            check=outcome.failure.check or outcome.check,
+            why=getattr(outcome.failure, "why", None),
+        )
     verdicts = [json.loads(v) for v in distributed.exchange("verdict", json.dumps(mine))]
     size = len(verdicts)
     failed = [(r, v) for r, v in enumerate(verdicts) if v["verdict"] == "failed"]
@@ -69,6 +73,7 @@ def agreed(outcome: CheckOutcome) -> CheckOutcome:
         ranks = ", ".join(str(r) for r, _ in failed)
         failure = checks.ConformanceFailure("\n".join([*messages, f"  failed on ranks: {ranks} of {size}"]))
         failure.case, failure.check, failure.what = outcome.case, first["check"], first["what"]
+        failure.why = first.get("why")
         return dataclasses.replace(
             outcome, verdict="failed", message=str(failure), what=first["what"], failure=failure
         )

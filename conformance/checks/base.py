@@ -20,6 +20,7 @@ import numpy as np
 
 from conformance import compat, dtypes, runner, tolerances
 from conformance.blame import error_locations, error_text
+from conformance.checks import block_map
 from conformance.checks.baseline_case import baseline_of, on_the_baseline
 from conformance.runner import Case
 
@@ -51,6 +52,8 @@ class ConformanceFailure(AssertionError):
     case: CheckedCase | None = None
     check: str | None = None
     what: str | None = None
+    #: Why, in one line, where a check can say more than its verdict (which block landed where).
+    why: str | None = None
 
 
 class NotJudged(Exception):
@@ -245,9 +248,11 @@ def compare_shards(
     what: str = "out",
     subject: str | None = None,
     rule: str | None = None,
+    explain: Callable[[], list[str]] | None = None,
 ) -> None:
     """Every addressable shard of ``what`` against its block of ``expected``; reports the first wrong one
-    (and the ``rule`` the tolerance came from, where it is not the worst-case bound)."""
+    (and the ``rule`` the tolerance came from, where it is not the worst-case bound, and the lines
+    ``explain`` gives: which block landed where)."""
     require_shape(case, check, out, expected.shape, what=what)
     mesh = runner.mesh_of(case)
     wrong = []
@@ -286,8 +291,16 @@ def compare_shards(
     )
     if rule:
         details.append(f"tolerance rule : {rule}")
+    why = _explained(explain) if explain else []
     subject = subject or ("values differ" if what == "out" else f"gradient {what} differs")
-    raise fail(case, check, f"{subject} from the numpy float64 reference", details)
+    failure = fail(case, check, f"{subject} from the numpy float64 reference", [*details, *why])
+    failure.why = block_map.summary_line(why)
+    raise failure
+
+
+def _explained(explain: Callable[[], list[str]]) -> list[str]:
+    with compat.unfiltered_tracebacks():
+        return explain()
 
 
 def assert_dtype(case: Case, check: str, out: jax.Array) -> None:
@@ -348,19 +361,33 @@ def lower_or_note_limit(case: Case, check: str, what: str, lower, target: str, l
 
 
 def compare_with_reference(
-    case: Case, check: str, out: jax.Array, inputs64: tuple[np.ndarray, ...], *, subject: str | None = None
+    case: Case,
+    check: str,
+    out: jax.Array,
+    inputs64: tuple[np.ndarray, ...],
+    *,
+    subject: str | None = None,
+    blocks: bool = True,
 ) -> None:
     """Every shard of the result against the family's float64 reference, within the dtype's tolerance:
     its worst-case bound, or where that says nothing (:class:`conformance.tolerances.Unbounded`: a
     bfloat16 contraction of 256 or more) the family baseline's error on the same inputs
-    (:func:`conformance.tolerances.baseline_relative_tolerance`), the rule named in a failure."""
+    (:func:`conformance.tolerances.baseline_relative_tolerance`), the rule named in a failure; a wrong
+    result is traced on source-tagged inputs (``blocks``: the kernel run again under jit,
+    :mod:`conformance.checks.block_map`)."""
     spec = case.spec
     expected = spec.expected(inputs64, axis_size=case.mesh.axis_size)
     try:
         tol, rule = spec.tolerance(*inputs64, case.dtype), None
     except tolerances.Unbounded as unbounded:
         tol, rule = _baseline_tolerance(case, check, inputs64, expected, str(unbounded))
-    compare_shards(case, check, out, expected, tol, subject=subject, rule=rule)
+
+    def explain() -> list[str]:
+        return block_map.where_blocks_landed(case, lambda inputs: runner.execute(case, inputs=inputs)[1])
+
+    compare_shards(
+        case, check, out, expected, tol, subject=subject, rule=rule, explain=explain if blocks else None
+    )
 
 
 def _baseline_tolerance(

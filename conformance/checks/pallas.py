@@ -178,7 +178,7 @@ def check_races(case: Case) -> None:
                 "still read its buffers (a send never waited for): wait for every signal and every DMA",
             ],
         )
-    compare_with_reference(case, "races", out, inputs64)
+    compare_with_reference(case, "races", out, inputs64, blocks=False)  # a race may not recur
 
 
 def check_barrier_protocol(case: Case) -> None:

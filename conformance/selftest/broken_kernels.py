@@ -27,6 +27,7 @@ from conformance.kernels.allgather_matmul._common import local_matmul, validate
 #: broken implementation -> the test (check) that must fail for it
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_ring_wrong_slot": "test_values",
+    "broken_ring_drops_position_zeros_block": "test_values",
     "broken_allgather_then_matmul": "test_collectives",
     "broken_output_sharded_over_other_axis": "test_output_sharding",
     "broken_truncates_indivisible_rows": "test_bad_inputs",
@@ -50,6 +51,9 @@ EXPECTED_MESSAGE: dict[str, str] = {
     # TPU module stays within the bound) lowered for CUDA
     "broken_backward_gathers_lhs_as_float32": "the backward pass lowered for",
     "broken_eager_path_rotates_rows": "outside jax.jit",
+    # which block landed where, on source-tagged inputs (conformance.checks.block_map)
+    "broken_ring_wrong_slot": "(expected device ",
+    "broken_ring_drops_position_zeros_block": "ring position 0's block",
 }
 
 
@@ -64,13 +68,14 @@ def _ring(
     unpayload=lambda b: b,
     matmul=local_matmul,
     out_spec=None,
+    own_block=lambda block, me: block,
 ):
     """A unidirectional ring with hooks for each way of breaking it."""
 
     def body(lhs_block, rhs_block):
         n, me, m = lax.axis_size(axis_name), lax.axis_index(axis_name), lhs_block.shape[0]
         out = jnp.zeros((m * n, rhs_block.shape[1]), matmul(lhs_block, rhs_block).dtype)
-        block = lhs_block
+        block = own_block(lhs_block, me)
         for step in range(n):
             if step < n - 1:
                 nxt = unpayload(lax.ppermute(payload(block), axis_name, ring_perm(n, -1)))
@@ -94,6 +99,20 @@ def broken_ring_wrong_slot(lhs, rhs, *, mesh, axis_name):
     """Writes block (me+s) into slot (me-s): identical on 2 devices, wrong on 4 and 8."""
     validate("broken_ring_wrong_slot", lhs, rhs, mesh, axis_name)
     return _ring(lhs, rhs, mesh=mesh, axis_name=axis_name, slot_sign=-1)
+
+
+@conformance.register("allgather_matmul", name="broken_ring_drops_position_zeros_block")
+def broken_ring_drops_position_zeros_block(lhs, rhs, *, mesh, axis_name):
+    """Ring position 0 sends and multiplies zeros in place of its block (a ring whose first sender is
+    taken to be position 1): its rows of the product are zero on every device."""
+    validate("broken_ring_drops_position_zeros_block", lhs, rhs, mesh, axis_name)
+    return _ring(
+        lhs,
+        rhs,
+        mesh=mesh,
+        axis_name=axis_name,
+        own_block=lambda b, me: jnp.where(me == 0, jnp.zeros_like(b), b),
+    )
 
 
 @conformance.register("allgather_matmul", name="broken_allgather_then_matmul")

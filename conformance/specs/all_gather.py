@@ -20,6 +20,7 @@ the output is replicated).
 
 from __future__ import annotations
 
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
@@ -56,6 +57,16 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
     return (divisibility if n > 1 else ()) + unknown_axis
 
 
+def _block_tags(shapes: tuple[tuple[int, ...], ...], n: int, sources: tuple[int, ...]) -> tuple[np.ndarray]:
+    """``x`` zero but the rows of the ring positions ``sources``: position ``s``'s carry ``s + 1``."""
+    (shape,) = shapes
+    x = np.zeros(shape)
+    rows = shape[-2] // n
+    for s in sources:
+        x[..., s * rows : (s + 1) * rows, :] = s + 1
+    return (x,)
+
+
 ALL_GATHER = FamilySpec(
     name="all_gather",
     summary="x[rows,cols] P(axis) -> the same values replicated, P()",
@@ -83,4 +94,5 @@ ALL_GATHER = FamilySpec(
     min_received_bytes=_shards_not_held,
     bad_inputs=_bad_inputs,
     byte_bound_text="each device may receive at most (n-1)/n of x",
+    block_tags=_block_tags,
 )

@@ -21,6 +21,7 @@ floats), by collective-permutes only.
 
 from __future__ import annotations
 
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
@@ -84,6 +85,20 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
     return (divisibility if n > 1 else ()) + unknown_axis
 
 
+def _block_tags(
+    shapes: tuple[tuple[int, ...], ...], n: int, sources: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``lhs`` zero but column 0 of the rows of the ring positions ``sources`` (position ``s``'s carry
+    ``s + 1``), and ``rhs`` zero but a row of ones: ``lhs @ rhs`` is each row's tag, in every column."""
+    lhs_shape, rhs_shape = shapes
+    lhs, rhs = np.zeros(lhs_shape), np.zeros(rhs_shape)
+    rows = lhs_shape[-2] // n
+    for s in sources:
+        lhs[..., s * rows : (s + 1) * rows, 0] = s + 1
+    rhs[0, :] = 1
+    return lhs, rhs
+
+
 ALLGATHER_MATMUL = FamilySpec(
     name="allgather_matmul",
     summary="lhs[M,K] P(axis,None) @ rhs[K,N] P(None,axis) -> [M,N] P(None,axis)",
@@ -143,4 +158,5 @@ ALLGATHER_MATMUL = FamilySpec(
     batched_operands=("lhs",),
     batch_folds_into="rows_per_shard",
     registration_options={"batch_dims": BATCH_DIMS_OPTION},
+    block_tags=_block_tags,
 )

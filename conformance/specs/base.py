@@ -147,6 +147,18 @@ class FamilySpec:
     #: constraint) but must accept these; ``pytest -m tpu`` runs Pallas kernels here.
     tpu_native_dims: Mapping[str, int] | None = None
 
+    # -- which block landed where (:mod:`conformance.checks.block_map`)
+    #: (operand shapes, axis size, ring positions) -> float64 operands, zero but what those positions
+    #: hold, whose values tag the row block of the result each row belongs to (block ``r``: ``r + 1``),
+    #: so that the result's rows carry the tag of the block they came from; ``None``: not traced.
+    block_tags: (
+        Callable[[tuple[tuple[int, ...], ...], int, tuple[int, ...]], tuple[np.ndarray, ...]] | None
+    ) = None
+    #: What a ring position contributes to the result, in failure text: a "block" (each row of the
+    #: result comes from one position: every position is tagged in one run) or a "partial" (each row
+    #: sums every position's: one run per position).
+    block_unit: str = "block"
+
     #: Keywords this family's implementations may pass to ``conformance.register``.
     registration_options: Mapping[str, RegistrationOption] = dataclasses.field(default_factory=dict)
 

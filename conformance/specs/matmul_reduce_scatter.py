@@ -21,6 +21,7 @@ the cotangent, ``(n-1)/n`` of it, by collective-permutes.
 
 from __future__ import annotations
 
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
@@ -84,6 +85,22 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
     return (divisibility if n > 1 else ()) + unknown_axis
 
 
+def _block_tags(
+    shapes: tuple[tuple[int, ...], ...], n: int, sources: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``lhs`` zero but the first column of the contraction block of each ring position in
+    ``sources``, where each row carries its row block's tag (block ``r``: ``r + 1``), and ``rhs`` zero
+    but the matching rows of ones: those positions' partials are the tags, every other partial zero
+    (so the partials of several positions sum: :mod:`conformance.checks.block_map` runs one at a time)."""
+    lhs_shape, rhs_shape = shapes
+    lhs, rhs = np.zeros(lhs_shape), np.zeros(rhs_shape)
+    for s in sources:
+        column = s * (lhs_shape[-1] // n)
+        lhs[..., :, column] = np.arange(lhs_shape[-2]) // (lhs_shape[-2] // n) + 1
+        rhs[column, :] = 1
+    return lhs, rhs
+
+
 MATMUL_REDUCE_SCATTER = FamilySpec(
     name="matmul_reduce_scatter",
     summary="lhs[M,K] P(None,axis) @ rhs[K,N] P(axis,None) -> [M,N] P(axis,None)",
@@ -144,4 +161,6 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     batched_operands=("lhs",),
     batch_folds_into="rows_per_shard",
     registration_options={"batch_dims": BATCH_DIMS_OPTION},
+    block_tags=_block_tags,
+    block_unit="partial",
 )

@@ -1,0 +1,304 @@
+"""Which block landed where: a wrong result of a data-movement or collective-matmul kernel explained
+by the blocks it moved.
+
+The case is run again on source-tagged inputs (:attr:`conformance.specs.base.FamilySpec.block_tags`),
+once per ring position ``s``: every operand zero but what position ``s`` holds, whose values name
+the row block of the result they belong to (block ``r`` carries ``r + 1``, a small integer exact in
+every dtype, float8 and int8 included). The families are linear in those operands, so each run shows
+where position ``s``'s data went and nothing else: every row of the result carries the tag of the
+block it came from, or zero. Each wrong (device, row block) of the result is then named by what it
+holds against what the spec puts there ("holds device 6's block (expected device 3's)", "lacks device
+2's partial"), with the ring step that would have brought it, and patterns across devices are said
+once ("ring position 0's block (device 0) is missing everywhere", "in each of the 6 wrong blocks only
+row 2 is wrong").
+
+A kernel whose placement is right on tagged inputs gets that said instead: its wrong values come from
+its arithmetic (accumulation, a cast), not from where its blocks went.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from conformance import runner
+from conformance.blame import error_text
+from conformance.runner import Case
+
+#: At most this many wrong blocks are named one by one; the rest are counted.
+MAX_NAMED = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One row block of the result on one device."""
+
+    device: int
+    position: int  #: the device's place on the ring
+    block: int
+    rows: tuple[int, int]  #: global rows of the result [start, stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """What is wrong in one slot in the run of one ring position: ``holds`` its data where none of it
+    belongs, ``lacks`` its data where it belongs, ``other`` its data tagged for another block."""
+
+    kind: str
+    source: int  #: the ring position whose run showed it
+    rows: tuple[int, ...]  #: the slot's rows it concerns, from 0
+    tags: tuple[float, ...]  #: what those rows hold (the tag, 0, or NaN for a mixed row)
+
+
+def _row_tags(block: np.ndarray) -> np.ndarray:
+    """Each row's tag (rows along dim -2, every other dim flattened): its value where every element
+    of the row has it, else NaN (a mixed row)."""
+    rows = np.moveaxis(block, -2, 0).reshape(block.shape[-2], -1)
+    first = rows[:, :1]
+    return np.where(np.all(rows == first, axis=1), first[:, 0], np.nan)
+
+
+def _slots_of(index: tuple[slice, ...], out_shape: tuple[int, ...], n: int) -> list[tuple[int, int, int]]:
+    """The row blocks a shard covers: (block, first global row, stop), rows along dim -2."""
+    start, stop, _ = index[-2].indices(out_shape[-2])
+    per_block = out_shape[-2] // n
+    spans = [(b, max(start, b * per_block), min(stop, (b + 1) * per_block)) for b in range(n)]
+    return [(b, lo, hi) for b, lo, hi in spans if lo < hi]
+
+
+def _findings_by_tag(got: np.ndarray, want: np.ndarray, n: int) -> list[Finding]:
+    """What is wrong in one slot in a run where every position was tagged (each row from one): a
+    row's tag names the position it came from."""
+    by: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for i, (g, w) in enumerate(zip(got.tolist(), want.tolist(), strict=True)):
+        if g == w:
+            continue
+        if g == 0:
+            key = ("lacks", int(w) - 1)
+        elif g == g and g == int(g) and 1 <= g <= n:  # g == g: not NaN
+            key = ("holds", int(g) - 1)
+        else:  # a mixed row, or a value no position was tagged with
+            key = ("other", int(w) - 1)
+        by.setdefault(key, []).append((i, g))
+    return [
+        Finding(kind, source, tuple(i for i, _ in rows), tuple(g for _, g in rows))
+        for (kind, source), rows in by.items()
+    ]
+
+
+def _findings(source: int, got: np.ndarray, want: np.ndarray) -> list[Finding]:
+    out = []
+    for kind, rows in (
+        ("holds", (want == 0) & (got != 0)),
+        ("lacks", (want != 0) & (got == 0)),
+        ("other", (want != 0) & (got != 0) & ~(got == want)),
+    ):
+        idx = tuple(int(i) for i in np.flatnonzero(rows))
+        if idx:
+            out.append(Finding(kind, source, idx, tuple(float(got[i]) for i in idx)))
+    return out
+
+
+def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.Array]) -> list[str]:
+    """Lines naming, per wrong row block of the result, whose block it holds, from one run of ``run``
+    (the kernel on given global inputs) per ring position on source-tagged inputs; ``[]`` where the
+    family has no tags (a transfer's block map) or the result's rows do not divide into the ring's blocks."""
+    spec = case.spec
+    n = case.mesh.axis_size
+    out_shape = tuple(case.out_shape)
+    if spec.block_tags is None or out_shape[-2] % n:
+        return []
+    if jax.process_count() > 1:  # a rank whose own shards are right would not join the tagged runs
+        return ["block map      : not traced in a multi-process job (replay the case in one process)"]
+    mesh = runner.mesh_of(case)
+    ring = mesh.axis_names.index(case.mesh.axis_name)
+    coords = {int(d.id): tuple(int(i) for i in np.argwhere(mesh.devices == d)[0]) for d in mesh.devices.flat}
+    device_at = {c: d for d, c in coords.items()}
+
+    def device(of: int, position: int) -> int:
+        """The device at ring ``position`` in the ring of device ``of``."""
+        c = list(coords[of])
+        c[ring] = position
+        return device_at[tuple(c)]
+
+    found: dict[Slot, list[Finding]] = {}
+    operand_dtype = runner.np_dtype(case.dtype)
+    unit = spec.block_unit
+    runs: list[tuple[int, ...]] = [tuple(range(n))] if unit == "block" else [(s,) for s in range(n)]
+    for sources in runs:
+        tagged64 = spec.block_tags(case.operand_shapes, n, sources)
+        expected = spec.expected(tagged64, axis_size=n)
+        try:
+            out = run(tuple(a.astype(operand_dtype) for a in tagged64))
+        except Exception as e:  # the kernel's own error on these inputs: said, and the verdict stands
+            return [
+                f"block map      : not traced: the kernel raised {type(e).__name__} on source-tagged inputs: "
+                + error_text(e, head=2, tail=2).removeprefix(f"{type(e).__name__}: ")
+            ]
+        for shard in out.addressable_shards:
+            data = np.asarray(shard.data).astype(np.float64)
+            first_row = shard.index[-2].indices(out_shape[-2])[0]
+            for block, lo, hi in _slots_of(shard.index, out_shape, n):
+                dev = int(shard.device.id)
+                slot = Slot(dev, coords[dev][ring], block, (lo, hi))
+                mine = data[..., lo - first_row : hi - first_row, :]
+                theirs = expected[(*shard.index[:-2], slice(lo, hi), shard.index[-1])]
+                got, want = _row_tags(mine), _row_tags(theirs)
+                findings = (
+                    _findings_by_tag(got, want, n) if unit == "block" else _findings(sources[0], got, want)
+                )
+                found.setdefault(slot, []).extend(findings)
+    wrong = sorted((s for s, f in found.items() if f), key=lambda s: (s.device, s.block))
+    head = (
+        "on source-tagged inputs (each ring position's rows tagged with their block)"
+        if unit == "block"
+        else f"on source-tagged inputs (one run per ring position, its {unit}'s rows tagged with their block)"
+    )
+    if not wrong:
+        return [
+            f"block map      : {head}, every block lands where the spec puts it: the wrong values come "
+            "from the arithmetic (accumulation, a cast), not from where blocks go"
+        ]
+    per_block = out_shape[-2] // n
+    lines = [f"block map      : {head}: {len(wrong)} of {len(found)} row blocks of the result are wrong"]
+    for slot in wrong[:MAX_NAMED]:
+        lines.append("  " + _describe(slot, found[slot], n, per_block, unit, device))
+    if len(wrong) > MAX_NAMED:
+        lines.append(f"  ... and {len(wrong) - MAX_NAMED} more")
+    return lines + _patterns(wrong, found, n, per_block, unit, device)
+
+
+def _rows_of_block(block: int, per_block: int) -> str:
+    return f"{block * per_block}:{(block + 1) * per_block}"
+
+
+def _tag_rows(tag: float, n: int, per_block: int) -> str:
+    """The rows a tag names (tag ``r + 1``: row block ``r``), or the value itself."""
+    if tag == tag and tag == int(tag) and 1 <= tag <= n:  # tag == tag: not NaN
+        return f"rows {_rows_of_block(int(tag) - 1, per_block)}"
+    return "mixed values" if tag != tag else f"{tag:g}"
+
+
+def _describe(
+    slot: Slot, findings: list[Finding], n: int, per_block: int, unit: str, device: Callable[[int, int], int]
+) -> str:
+    """What one wrong row block holds against what belongs there, with the ring step that brings it."""
+    expected = device(slot.device, slot.block)
+    where = f"out rows {slot.rows[0]}:{slot.rows[1]} on device {slot.device} "
+    same_rows = {f.rows for f in findings}
+    if unit == "block" and len(same_rows) == 1 and len(next(iter(same_rows))) < per_block:
+        # the same rows wrong in every run: they never arrived; what they hold instead is secondary
+        (rows,) = same_rows
+        instead = ", ".join(
+            sorted(
+                {
+                    "zeros"
+                    if f.kind == "lacks"
+                    else f"device {device(slot.device, f.source)}'s rows"
+                    if f.kind == "holds"
+                    else "values no block has (stale or mixed)"
+                    for f in findings
+                }
+            )
+        )
+        return (
+            f"{where}row{'s' * (len(rows) > 1)} {', '.join(map(str, rows))} of device {expected}'s block "
+            f"never arrived (in its place: {instead}){_step(slot.position, slot.block, n)}"
+        )
+    replaced = any(
+        len(f.rows) == per_block and (f.kind, f.source == slot.block) in (("lacks", True), ("holds", False))
+        for f in findings
+    )
+    holds = any(f.kind == "holds" for f in findings)
+    parts = []
+    for f in sorted(findings, key=lambda f: ("holds", "other", "lacks").index(f.kind)):
+        src = device(slot.device, f.source)
+        some = len(f.rows) < per_block
+        rows = f"row{'s' * (len(f.rows) > 1)} {', '.join(map(str, f.rows))}"
+        if f.kind == "holds":
+            text = f"holds {rows + ' of ' if some else ''}device {src}'s {unit}"
+            if unit == "block":
+                text += f" (expected device {expected}'s)" if replaced else ""
+                text += _step(slot.position, f.source, n)
+            elif set(f.tags) != {float(slot.block + 1)}:
+                text += " of " + ", ".join(sorted({_tag_rows(t, n, per_block) for t in f.tags}))
+        elif f.kind == "lacks":
+            if unit == "block" and replaced and holds and f.source == slot.block:
+                continue  # said by "(expected ...)" above
+            if some:
+                text = f"{rows} of device {src}'s {unit} {'are' if len(f.rows) > 1 else 'is'} zero"
+            else:
+                text = f"lacks device {src}'s {unit}" + (" (holds zeros)" if not holds else "")
+                text += _step(slot.position, f.source, n) if unit == "block" else ""
+        elif unit == "block":  # a value no position was tagged with, where position f.source's belongs
+            text = (
+                f"holds values no block has (stale or mixed) in place of {rows + ' of ' if some else ''}"
+                f"device {src}'s block{_step(slot.position, f.source, n)}"
+            )
+        else:
+            held = ", ".join(sorted({_tag_rows(t, n, per_block) for t in f.tags}))
+            belongs = _rows_of_block(slot.block, per_block)
+            text = f"holds {rows + ' of ' if some else ''}device {src}'s {unit} of {held}"
+            text += f" where its rows {belongs} belong"
+        parts.append(text)
+    return where + "; ".join(parts)
+
+
+def _step(position: int, source: int, n: int) -> str:
+    """Which ring step brings ring position ``source``'s block to ``position``, each way round."""
+    step = (position - source) % n
+    if step == 0:
+        return ": its own block"
+    return f": what a ring going right brings at step {step} (going left: step {n - step})"
+
+
+def _patterns(
+    wrong: list[Slot],
+    found: dict[Slot, list[Finding]],
+    n: int,
+    per_block: int,
+    unit: str,
+    device: Callable[[int, int], int],
+) -> list[str]:
+    """What the wrong blocks share, said once: a ring position's block missing from every device, the
+    same rows zero in every wrong block."""
+    lines = []
+    for source in range(n):
+        due = [s for s in found if s.block == source] if unit == "block" else list(found)
+        missing = [
+            s
+            for s in due
+            if any(f.kind == "lacks" and f.source == source and len(f.rows) == per_block for f in found[s])
+        ]
+        anywhere = any(f.source == source and f.kind != "lacks" for s in wrong for f in found[s])
+        if due and len(missing) == len(due) and not anywhere:
+            holders = sorted({device(s.device, source) for s in due})
+            lines.append(
+                f"  ring position {source}'s {unit} (device{'s' * (len(holders) > 1)} "
+                f"{', '.join(map(str, holders))}) is missing everywhere"
+            )
+    every = [f for s in wrong for f in found[s]]
+    if every:
+        rows = {f.rows for f in every}
+        if len(rows) == 1 and len(next(iter(rows))) < per_block:
+            (only,) = rows
+            rows_text = (
+                f"row{'s' * (len(only) > 1)} {', '.join(map(str, only))} {'are' if len(only) > 1 else 'is'}"
+            )
+            lines.append(f"  in each of the {len(wrong)} wrong blocks only {rows_text} wrong")
+    return lines
+
+
+def summary_line(lines: list[str]) -> str | None:
+    """The one line of :func:`where_blocks_landed`'s that the failure summary shows: a pattern across
+    devices where there is one, else the first wrong block named, else the verdict on placement."""
+    if not lines:
+        return None
+    patterns = [line for line in lines[1:] if "missing everywhere" in line or "wrong blocks only" in line]
+    named = [line for line in lines[1:] if line.startswith("  out rows")]
+    if patterns or named:
+        return (patterns or named)[0].strip()
+    return lines[0].removeprefix("block map      : ").strip()

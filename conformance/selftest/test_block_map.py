@@ -1,0 +1,86 @@
+"""Which block landed where: a wrong result is traced on source-tagged inputs, and its failure names,
+per wrong row block, whose block it holds, the ring step that brings it and what is missing
+(``conformance/checks/block_map.py``), in the message and in the one line the failure summary shows."""
+
+from __future__ import annotations
+
+import pytest
+
+import conformance.selftest.broken_kernels
+import conformance.selftest.broken_matmul_reduce_scatter_kernels
+import conformance.selftest.broken_mesh_kernels
+import conformance.selftest.broken_pallas_kernels  # noqa: F401  (registers the kernels below)
+from conformance import checks, specs
+from conformance.fixtures.meshes import parse_mesh
+from conformance.outcomes import run_here
+from conformance.runner import Case
+from conformance.session import Session
+
+pytestmark = pytest.mark.selftest
+
+
+def _failure(
+    family: str, impl: str, mesh: str, *, check: str = "output_sharding", dma_mode: str | None = None
+):
+    dims = specs.get(family).fixed_dims("odd")
+    case = Case.make(family, impl, parse_mesh(mesh), dims, "float32", dma_mode=dma_mode)
+    outcome = run_here(checks.CHECKS[check], case, Session())
+    assert outcome.verdict == "failed", outcome
+    return outcome.failure
+
+
+#: kernel, family, mesh -> what its failure message must say, and what the summary's line must say
+CASES = {
+    "wrong slot": (
+        ("broken_ring_wrong_slot", "allgather_matmul", "4-x-auto"),
+        "out rows 3:6 on device 0 holds device 3's block (expected device 1's): what a ring going right "
+        "brings at step 1 (going left: step 3)",
+        "holds device 3's block (expected device 1's)",
+    ),
+    "a position's block dropped": (
+        ("broken_ring_drops_position_zeros_block", "allgather_matmul", "3-x-auto"),
+        "ring position 0's block (device 0) is missing everywhere",
+        "ring position 0's block (device 0) is missing everywhere",
+    ),
+    "an odd ring split as if even": (
+        ("broken_bidirectional_split_assumes_even_ring", "allgather_matmul", "3-x-auto"),
+        "out rows 6:9 on device 0 lacks device 2's block (holds zeros): what a ring going right brings at "
+        "step 1 (going left: step 2)",
+        "lacks device 2's block",
+    ),
+    "neighbours by device id on a reversed ring": (
+        ("broken_ring_in_device_id_order", "allgather_matmul", "8-x-auto-reversed"),
+        "out rows 0:3 on device 0 holds device 1's block (expected device 7's)",
+        "holds device 1's block (expected device 7's)",
+    ),
+    "a partial sent to the wrong neighbour": (
+        ("broken_mrs_wrong_neighbour", "matmul_reduce_scatter", "4-x-auto"),
+        "out rows 0:3 on device 0 holds device 1's partial of rows 6:9 where its rows 0:3 belong",
+        "holds device 1's partial of rows 6:9",
+    ),
+    "arithmetic, not placement": (
+        ("broken_bfloat16_compute", "allgather_matmul", "4-x-auto"),
+        "every block lands where the spec puts it: the wrong values come from the arithmetic",
+        "every block lands where the spec puts it",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_wrong_result_names_the_block_that_landed_there(name: str) -> None:
+    (impl, family, mesh), says, summary = CASES[name]
+    check = "values" if impl == "broken_bfloat16_compute" else "output_sharding"
+    if check == "values":  # drawn cases: the float32 fixed shape on this mesh, as the values check runs it
+        failure = _failure(family, impl, mesh, check="dtype")
+    else:
+        failure = _failure(family, impl, mesh)
+    assert says in str(failure), str(failure)
+    assert failure.why and summary in failure.why, failure.why
+
+
+def test_the_pallas_ring_that_never_sends_an_odd_blocks_last_row() -> None:
+    failure = _failure(
+        "all_gather", "broken_pallas_drops_last_row_of_odd_shards", "3-x-auto", dma_mode="on_wait"
+    )
+    assert "row 2 of device 1's block never arrived" in str(failure), str(failure)
+    assert failure.why == "in each of the 6 wrong blocks only row 2 is wrong", failure.why
