@@ -53,6 +53,7 @@ from conformance.hlo.model import (
     HloParseError,
     Shape,
     disallowed,
+    less_what_compiling_removes,
 )
 from conformance.hlo.replica_groups import Groups, mesh_axes_groups, parse_replica_groups
 from conformance.hlo.stablehlo import parse_stablehlo
@@ -73,6 +74,7 @@ __all__ = [
     "Transfer",
     "collectives_of",
     "disallowed",
+    "less_what_compiling_removes",
     "mesh_axes_groups",
     "overlap",
     "parse_hlo",

@@ -179,3 +179,53 @@ def disallowed(summary: CollectiveSummary, allowed: Iterable[str]) -> tuple[Coll
     """The collectives of ``summary`` whose kind is not in ``allowed``."""
     allowed = frozenset(allowed)
     return tuple(op for op in summary.ops if op.kind not in allowed)
+
+
+def _signature(op: CollectiveOp) -> tuple:
+    """What identifies a collective across a lowered module and its compiled form: kind, operand dims
+    (not dtypes: XLA:CPU widens 16-bit transfers), and the pairs or groups."""
+    return (op.kind, tuple(s.dims for s in op.operand_shapes), op.source_target_pairs, op.replica_groups)
+
+
+def less_what_compiling_removes(
+    lowered: CollectiveSummary, compiled: CollectiveSummary
+) -> tuple[CollectiveSummary, list[str]]:
+    """``lowered`` (a module lowered for a target whose compiler is not here) less the runs of its
+    collectives that the compiled module of the same program no longer has, and a line per op said so.
+
+    XLA's loop simplification and dead-code elimination run for every target: a one-trip loop is
+    inlined, and a transfer whose result nothing reads is then removed (a ring that permutes its
+    block once more after the last use, on a ring of 2). A collective's runs are lowered only where
+    the compiled module keeps at least one of the same kind, dims and pairs or groups, and fewer of
+    them (a compiler that combined or split collectives changes their dims, and nothing is taken off);
+    runs of unknown count are left as they are.
+    """
+    kept: dict[tuple, int] = {}
+    for op in compiled.ops:
+        if op.phase != "done" and op.multiplicity is not None:
+            kept[_signature(op)] = kept.get(_signature(op), 0) + op.multiplicity
+    lowered_runs: dict[tuple, int | None] = {}
+    for op in lowered.ops:
+        runs = lowered_runs.get(_signature(op), 0)
+        lowered_runs[_signature(op)] = (
+            None if runs is None or op.multiplicity is None else runs + op.multiplicity
+        )
+    surplus = {
+        sig: runs - kept[sig]
+        for sig, runs in lowered_runs.items()
+        if runs is not None and 1 <= kept.get(sig, 0) < runs
+    }
+    ops, lines = [], []
+    for op in reversed(lowered.ops):  # the last runs of a signature go first: a loop's trailing one
+        extra = surplus.get(_signature(op), 0)
+        take = min(extra, op.multiplicity or 0)
+        if take:
+            surplus[_signature(op)] = extra - take
+            lines.append(
+                f"  {op.describe()}: {take} of its runs not counted (the compiled module of the same "
+                "program no longer has them)"
+            )
+            op = dataclasses.replace(op, multiplicity=op.multiplicity - take)
+        if op.multiplicity != 0:
+            ops.append(op)
+    return CollectiveSummary(tuple(reversed(ops))), lines[::-1]
