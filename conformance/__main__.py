@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from conformance.session import TIME_BOUNDS
 
 
 def _load(modules: list[str]) -> None:
@@ -42,20 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("case", help="MESH:DIM=V,...:DTYPE:seed=S, as printed in the failure")
     replay.add_argument("--platform", default="cpu")
     replay.add_argument("--kernels", action="append", default=[])
-    replay.add_argument(
-        "--hang-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="stop a Pallas kernel running longer than this in interpret mode",
-    )
-    replay.add_argument(
-        "--check-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="stop the worker process when the check takes longer",
-    )
+    for field, what in TIME_BOUNDS.items():
+        flag = "--" + field.removesuffix("_s").replace("_", "-")
+        replay.add_argument(flag, type=float, default=None, metavar="SECONDS", help=what)
     replay.add_argument(
         "--isolation",
         choices=("process", "off"),
@@ -114,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     case = Case.from_token(args.family, args.impl, args.case, platform=args.platform)
     print("\n".join(case.describe()))
-    bounds = {"hang_timeout_s": args.hang_timeout, "check_timeout_s": args.check_timeout}
+    bounds = {field: getattr(args, field.removesuffix("_s")) for field in TIME_BOUNDS}
     settings = Settings(isolation=args.isolation, **{k: v for k, v in bounds.items() if v is not None})
     session = Session(settings)
     try:
@@ -123,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         session.close()
     if outcome.verdict == "failed":
         print(f"\nFAILED {args.check}\n{outcome.message}")
+        if session.abandoned_calls():  # a thread still in a kernel or a compiler would abort the exit
+            sys.stdout.flush()
+            os._exit(1)
         return 1
     # not judged: nothing to judge in this kernel, neither a pass nor a failure
     label = {"skipped": "SKIPPED", "not_judged": "NOT JUDGED"}.get(outcome.verdict)

@@ -296,6 +296,9 @@ def compile_on(
             return target_compiles.compile_lowered(
                 lowered, compiler=compiler, devices=target_compiles.device_ids(args), options=given
             )
+    except target_compiles.CompileTimeout as timeout:
+        timeout.where = target_compiles.devices_text(args)
+        raise
     except target_compiles.Refused as e:
         raise CompilerRefusal(first_lines(str(e))) from e
     except Exception as e:  # XlaRuntimeError, JaxRuntimeError, lowering errors: their own words

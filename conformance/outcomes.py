@@ -23,9 +23,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance import bench, checks, compat
+from conformance import bench, checks, compat, target_compiles
 from conformance import session as session_lib
-from conformance.checks.base import Check
+from conformance.checks.base import Check, compile_timeout_failure
 from conformance.runner import Case
 
 #: What a check can say.
@@ -93,7 +93,10 @@ def run_here(check: Check, case: Case, session: session_lib.Session) -> CheckOut
     """Run ``check`` on ``case`` in this process, with ``session`` active."""
     with session.active():
         try:
-            result = check(case)
+            try:
+                result = check(case)
+            except target_compiles.CompileTimeout as timeout:  # a compile outside the check's own calls
+                raise compile_timeout_failure(case, check.name, timeout) from timeout
         except checks.ConformanceFailure as failure:
             return CheckOutcome(
                 check.name,

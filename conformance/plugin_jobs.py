@@ -15,10 +15,12 @@ from conformance.plugin_report import EXIT_STATUS, SESSION, skip_reason
 
 
 def exit_past_abandoned_calls(config: pytest.Config) -> None:
-    """Last at exit of a rank of a job: if a call the suite abandoned after it hung still has its
-    thread blocked (in the job's key-value store, say), end the process now, with pytest's exit
-    status, naming the calls. Left to Python's finalization, such a thread makes the process abort
-    ("terminate called after throwing ..."), which a launcher can only report as a crash."""
+    """Last at exit (of one process, a pytest-xdist worker or a rank of a job): if a call the suite
+    abandoned after it hung still has its thread blocked (in the job's key-value store, say), or a
+    compile for a TPU or GPU topology past its bound is still running, end the process now, with
+    pytest's exit status, naming them. Left to Python's finalization, such a thread makes the process
+    abort ("terminate called after throwing ...", exit status 134), which a launcher or CI can only
+    report as a crash."""
     abandoned = config.stash[SESSION].abandoned_calls() if SESSION in config.stash else []
     if not abandoned:
         return
@@ -27,8 +29,8 @@ def exit_past_abandoned_calls(config: pytest.Config) -> None:
     distributed.note_current_test(f"(after its tests, ending past abandoned call(s): {where})")
     sys.stdout.flush()
     sys.stderr.write(
-        f"conformance: this rank ends with exit status {status} without waiting for "
-        f"{len(abandoned)} call(s) it abandoned after they hung: {where}\n"
+        f"conformance: this process ends with exit status {status} without waiting for "
+        f"{len(abandoned)} call(s) it abandoned (hung, or compiling past --compile-timeout): {where}\n"
     )
     sys.stderr.flush()
     os._exit(status)

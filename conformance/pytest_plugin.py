@@ -90,7 +90,7 @@ from conformance.plugin_report import (
     STARTED,
     run_log,
 )
-from conformance.session import BEHIND_COMPILER_MODES, ISOLATION_MODES, Session, Settings
+from conformance.session import BEHIND_COMPILER_MODES, ISOLATION_MODES, TIME_BOUNDS, Session, Settings
 from conformance.specs.base import FIXED_SHAPES
 
 #: The markers the suite's tests carry, registered by the plugin (so ``--strict-markers`` works anywhere).
@@ -123,20 +123,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="MODULE[,MODULE...]",
         help="import these modules so their conformance.register calls join the run",
     )
-    group.addoption(
-        "--hang-timeout",
-        type=float,
-        default=Settings.hang_timeout_s,
-        metavar="SECONDS",
-        help="stop a Pallas kernel running longer than this in interpret mode",
-    )
-    group.addoption(
-        "--check-timeout",
-        type=float,
-        default=Settings.check_timeout_s,
-        metavar="SECONDS",
-        help="stop the worker process when a check of a Pallas kernel takes longer",
-    )
+    for field, what in TIME_BOUNDS.items():
+        flag = "--" + field.removesuffix("_s").replace("_", "-")
+        group.addoption(flag, type=float, default=getattr(Settings, field), metavar="SECONDS", help=what)
     group.addoption(
         "--isolation",
         choices=ISOLATION_MODES,
@@ -258,14 +247,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(tpu_compiler.chipless_start())  # before libtpu loads
     if plugin_xdist.is_controller(config) and not in_job:  # its report's host line: the workers' devices
         compat.cpu_devices_in_this_process(devices_lib.CPU_DEVICE_COUNT)
+    # Registered before JAX's own shutdown handlers, so it runs after them (atexit runs in reverse).
+    atexit.register(plugin_jobs.exit_past_abandoned_calls, config)
     if in_job:
-        # Registered before JAX's own shutdown handler, so it runs after it (atexit runs in reverse).
-        atexit.register(plugin_jobs.exit_past_abandoned_calls, config)
         distributed.initialize()
     try:
         run_settings = Settings(
-            hang_timeout_s=config.getoption("hang_timeout"),
-            check_timeout_s=config.getoption("check_timeout"),
+            **{field: config.getoption(field.removesuffix("_s")) for field in TIME_BOUNDS},
             isolation=config.getoption("isolation"),
             behind_compiler=config.getoption("behind_compiler"),
             compiler_options=target_compiles.parse_options(config.getoption("compiler_option")),

@@ -28,6 +28,14 @@ ISOLATION_MODES = ("process", "off")
 BEHIND_COMPILER_MODES = ("report", "fail")
 
 
+#: The time bounds a user sets, each a :class:`Settings` field and the option ``--hang-timeout`` etc.
+TIME_BOUNDS = {
+    "hang_timeout_s": "stop a Pallas kernel running longer than this in interpret mode",
+    "check_timeout_s": "stop the worker process when a check of a Pallas kernel takes longer",
+    "compile_timeout_s": "a compile for a TPU or GPU topology taking longer is abandoned and fails its check",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The bounds of a run (each has a command-line option of the same name)."""
@@ -39,6 +47,9 @@ class Settings:
     abort_grace_s: float = 10.0
     #: Seconds one check of a Pallas kernel (compiles and runs) may take in the worker process.
     check_timeout_s: float = 300.0
+    #: Seconds one compile for a TPU or GPU topology may take; past it, the compile is abandoned and its
+    #: check fails naming it (:mod:`conformance.target_compiles`).
+    compile_timeout_s: float = 300.0
     #: :data:`ISOLATION_MODES`.
     isolation: str = "process"
     #: :data:`BEHIND_COMPILER_MODES`.
@@ -54,7 +65,7 @@ class Settings:
             raise ValueError(
                 f"behind_compiler {self.behind_compiler!r} is not one of {BEHIND_COMPILER_MODES}"
             )
-        for name in ("hang_timeout_s", "abort_grace_s", "check_timeout_s"):
+        for name in ("hang_timeout_s", "abort_grace_s", "check_timeout_s", "compile_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, not {getattr(self, name)!r}")
 
@@ -97,6 +108,9 @@ class Session:
         #: Where compiles for TPU and GPU topologies are kept across processes and runs
         #: (:mod:`conformance.target_compiles`); ``None``: in this process only.
         self.target_compile_dir: str | None = None
+        #: The compiles for TPU and GPU topologies given up past ``compile_timeout_s``, each in a
+        #: thread that may still run: what they were.
+        self.abandoned_compiles: list[str] = []
 
     def activate(self) -> Callable[[], None]:
         """Make this session :func:`current`; returns the closure that undoes it."""
@@ -113,8 +127,10 @@ class Session:
             _ACTIVE.reset(token)
 
     def abandoned_calls(self) -> list[str]:
-        """Where each call this session gave up on as hung was (its thread may still be blocked)."""
-        return [f"{impl}: {hang.where}" for (_, impl), hang in self.hung.items() if hang.abandoned]
+        """Where each call this session gave up on as hung was (its thread may still be blocked), and
+        each compile it gave up on past its bound (its thread may still be compiling)."""
+        hung = [f"{impl}: {hang.where}" for (_, impl), hang in self.hung.items() if hang.abandoned]
+        return hung + self.abandoned_compiles
 
     def close(self) -> None:
         """Stop the worker process, if one was started."""

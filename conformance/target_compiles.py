@@ -26,7 +26,9 @@ import importlib
 import json
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,17 @@ def device_ids(args: Any) -> list[int]:
         if mesh is not None:
             return [int(d.id) for d in mesh.devices.flat]
     return []
+
+
+def devices_text(args: Any) -> str:
+    """The devices arguments are sharded on, for messages: ``8 TPU v5 lite (mesh x=4, y=2)``."""
+    for arg in jax.tree.leaves(args):
+        mesh = getattr(getattr(arg, "sharding", None), "mesh", None)
+        if mesh is not None:
+            kinds = sorted({d.device_kind for d in mesh.devices.flat})
+            shape = ", ".join(f"{n}={s}" for n, s in mesh.shape.items())
+            return f"{mesh.devices.size} {'/'.join(kinds)} (mesh {shape})"
+    return "its devices"
 
 
 def typed_value(value: str) -> bool | int | float | str:
@@ -221,7 +234,7 @@ class UnknownOption(Exception):
 
 
 #: In this process: key -> a compile or a refusal's message.
-_MEMORY: dict[str, TargetCompile | str] = {}
+_MEMORY: dict[str, TargetCompile | str | CompileTimeout] = {}
 
 
 def compile_lowered(
@@ -240,7 +253,16 @@ def compile_lowered(
     if kept is None:
         started = time.monotonic()
         try:
-            compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+            compiled = _bounded(
+                lambda: lowered.compile(compiler_options=options) if options else lowered.compile()
+            )
+        except CompileTimeout as timeout:
+            timeout.compiler = compiler
+            _MEMORY[key] = timeout  # this run does not try the same program again; another run does
+            session_lib.current().abandoned_compiles.append(
+                f"a compile by {compiler}, past {timeout.seconds:g} s"
+            )
+            raise
         except Exception as e:  # the compiler's refusal, whatever its exception type
             kept = f"{type(e).__name__}: {e}"
         else:
@@ -249,9 +271,57 @@ def compile_lowered(
             )
         _MEMORY[key] = kept
         _write(key, kept)
+    if isinstance(kept, CompileTimeout):
+        raise CompileTimeout(kept.seconds, kept.compiler, again=True)
     if isinstance(kept, str):
         raise Refused(kept)
     return dataclasses.replace(kept, flags=flags_in_effect(options))
+
+
+class CompileTimeout(Exception):
+    """A compile for a TPU or GPU topology that did not finish within the run's ``compile_timeout_s``
+    (``--compile-timeout``): given up, its thread left to finish or not (a daemon: it does not hold the
+    exit, and :func:`conformance.plugin_jobs.exit_past_abandoned_calls` ends the process past it)."""
+
+    def __init__(self, seconds: float, compiler: str = "", *, again: bool = False) -> None:
+        self.seconds, self.compiler, self.again = seconds, compiler, again
+        #: The devices compiled for (:func:`devices_text`), where the caller knows them.
+        self.where = ""
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        by = f" by {self.compiler}" if self.compiler else ""
+        by += f" for {self.where}" if self.where else ""
+        if self.again:
+            return (
+                f"not compiled again{by}: the same program outran --compile-timeout={self.seconds:g}s "
+                "earlier in this run"
+            )
+        return f"the compile{by} did not finish within --compile-timeout={self.seconds:g}s; abandoned"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _bounded(compile_it: Callable[[], Any]) -> Any:
+    """``compile_it()`` on a daemon thread, waited for at most the run's ``compile_timeout_s``."""
+    seconds = session_lib.current().settings.compile_timeout_s
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["value"] = compile_it()
+        except BaseException as e:  # handed to the caller's thread
+            done["error"] = e
+
+    thread = threading.Thread(target=run, name="conformance-target-compile", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise CompileTimeout(seconds)
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def _directory() -> Path | None:

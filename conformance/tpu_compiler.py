@@ -238,6 +238,9 @@ def compile_on(
             )
     except TpuConstraintError:
         raise
+    except target_compiles.CompileTimeout as timeout:
+        timeout.where = target_compiles.devices_text(args)
+        raise
     except target_compiles.Refused as e:
         raise CompilerRefusal(first_lines(str(e))) from e
     except Exception as e:  # XlaRuntimeError, JaxRuntimeError, Mosaic's lowering errors: their own words

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from conformance import compat, dtypes, runner, tolerances
+from conformance import compat, dtypes, runner, target_compiles, tolerances
 from conformance.blame import error_locations, error_text
 from conformance.checks import block_map
 from conformance.checks.baseline_case import baseline_of, on_the_baseline
@@ -198,9 +198,28 @@ def call_kernel(
             return thunk()
     except (ConformanceFailure, compat.HostLimit, *passing):  # a verdict, this host's limit, the caller's
         raise
+    except target_compiles.CompileTimeout as timeout:  # not the kernel's error: a compile past its bound
+        raise compile_timeout_failure(case, check, timeout) from timeout
     except Exception as e:  # the kernel's own error, re-raised with the case attached
         details = [*error_locations(e), error_text(e)]
         raise fail(case, check, f"raised {type(e).__name__} on valid input", details) from e
+
+
+def compile_timeout_failure(
+    case: CheckedCase, check: str, timeout: target_compiles.CompileTimeout
+) -> ConformanceFailure:
+    """The verdict on a compile for a TPU or GPU topology that outran ``--compile-timeout``: one cause
+    whatever the topology and size (both named in the details, the size in the case's dims)."""
+    return fail(
+        case,
+        check,
+        "a compile for a TPU or GPU topology did not finish within --compile-timeout",
+        [
+            f"compile        : {timeout}",
+            "the run goes on; a larger --compile-timeout gives this compile longer (a kernel that unrolls "
+            "into thousands of tiles at these sizes compiles for minutes)",
+        ],
+    )
 
 
 def run_case(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarray, ...], jax.Array]:

@@ -1,0 +1,104 @@
+"""A compile for a TPU or GPU topology has a bound (``--compile-timeout``): past it the compile is
+abandoned and its check fails naming the compiler, the devices and the time, the same program is not
+compiled again in the run, the run goes on, and the process ends with pytest's exit status past the
+abandoned compile (never Python's abort at finalization, exit status 134)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import conformance
+from conformance import checks, registry, tpu_compiler
+from conformance.fixtures.meshes import parse_mesh
+from conformance.outcomes import run_here
+from conformance.runner import Case
+from conformance.selftest import subprocess_env
+from conformance.session import Session, Settings
+
+pytestmark = pytest.mark.selftest
+
+IMPL = "ring_whose_tpu_compile_outruns_its_bound"
+VERDICT = "a compile for a TPU or GPU topology did not finish within --compile-timeout"
+
+
+def _ring(lhs, rhs, *, mesh, axis_name):
+    """The built-in ring under its own name: a program no other test compiles."""
+    return registry.get("allgather_matmul", "ring_allgather_matmul_unidirectional").fn(
+        lhs, rhs, mesh=mesh, axis_name=axis_name
+    )
+
+
+def test_a_compile_past_its_bound_is_a_verdict_and_is_not_tried_again() -> None:
+    if not tpu_compiler.available():
+        pytest.skip(f"no TPU compiler here: {tpu_compiler.unavailable_reason()}")
+    if IMPL not in conformance.implementations("allgather_matmul"):
+        conformance.register("allgather_matmul", name=IMPL)(_ring)
+    dims = {"rows_per_shard": 3, "K": 8, "cols_per_shard": 2}
+    case = Case.make("allgather_matmul", IMPL, parse_mesh("4-x-auto"), dims, "bfloat16")
+    session = Session(Settings(compile_timeout_s=0.001))  # no TPU compile is this quick
+    # from one call site: the program's debug info, part of what is compiled, names its callers' lines
+    first, again = (run_here(checks.CHECKS["lowered_bytes"], case, session) for _ in range(2))
+    assert first.verdict == "failed" and first.what == VERDICT, first.message
+    assert "did not finish within --compile-timeout=0.001s; abandoned" in first.message, first.message
+    assert "by libtpu" in first.message and "for 4 TPU" in first.message, first.message
+    assert session.abandoned_calls(), "the abandoned compile is not on the session"
+    assert again.what == VERDICT and "not compiled again" in again.message, again.message
+    for (
+        thread
+    ) in threading.enumerate():  # the abandoned compile, left running, would abort this process's exit
+        if thread.name == "conformance-target-compile":
+            thread.join()
+
+
+KERNELS = f"""
+import conformance
+from conformance import registry
+
+
+@conformance.register("allgather_matmul", name="{IMPL}")
+def ring(lhs, rhs, *, mesh, axis_name):
+    return registry.get("allgather_matmul", "ring_allgather_matmul_unidirectional").fn(
+        lhs, rhs, mesh=mesh, axis_name=axis_name
+    )
+"""
+
+
+@pytest.mark.integration
+def test_the_run_goes_on_and_ends_with_pytests_exit_status(tmp_path: Path) -> None:
+    if not tpu_compiler.available():
+        pytest.skip(f"no TPU compiler here: {tpu_compiler.unavailable_reason()}")
+    (tmp_path / "slow_compile_kernels.py").write_text(KERNELS)
+    env = subprocess_env()
+    env["PYTHONPATH"] = str(tmp_path)
+    done = subprocess.run(
+        [
+            *(
+                sys.executable,
+                "-m",
+                "pytest",
+                "--pyargs",
+                "conformance",
+                "-m",
+                "cpu",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+            ),
+            *("--kernels=slow_compile_kernels", f"--impl={IMPL}", "--compile-timeout=0.001"),
+            *("--meshes=4-x-auto", "-k", "test_lowered_bytes or test_values"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-4000:]
+    assert VERDICT in done.stdout and " passed" in done.stdout, output[-4000:]  # the values tests ran on
+    assert "ends with exit status 1 without waiting for" in done.stderr, output[-4000:]
