@@ -162,11 +162,7 @@ class Worker:
     def check(self, name: str, case: Case, session: session_lib.Session) -> CheckOutcome:
         key = (case.family, case.impl)
         if key in session.hung:  # the worker that saw it is gone; so is its memory of the hang
-            hang = session.hung[key]
-            failure = checks.fail(
-                case, name, hang.what, [f"not run again: it hung on {hang.where} earlier in this run"]
-            )
-            return CheckOutcome(name, case, "failed", str(failure), failure.what, failure)
+            return CheckOutcome(name, case, "not_judged", not_run_again(case, name, session.hung[key]))
         request = {
             "check": name,
             "family": case.family,
@@ -209,6 +205,16 @@ class Worker:
                 session.hung[key] = session_lib.Hang(answer["what"], case.token)
             return CheckOutcome(name, case, "failed", message, failure.what, failure, records)
         raise RuntimeError(f"the conformance worker raised while running {name} on {case.token}:\n{message}")
+
+
+def not_run_again(case: Case, check: str, hang: session_lib.Hang) -> str:
+    """Why a check of a kernel that hung earlier in the run is not judged: each later run would hang
+    again for ``--hang-timeout``; the hang is the kernel's failure, and one check replays alone."""
+    return (
+        f"{case.impl} hung on {hang.where} earlier in this run ({hang.what}); its later "
+        "checks do not run, each would wait out the hang again. "
+        f"To judge this one: {case.replay_command(check)}"
+    )
 
 
 # -- the worker process -------------------------------------------------------------------------------

@@ -34,6 +34,10 @@ class KernelHang(RuntimeError):
     """A Pallas kernel did not finish in interpret mode within the session's hang timeout."""
 
 
+class NotRunAgain(KernelHang):
+    """A Pallas kernel that hung earlier this run, not run again (its check is not judged)."""
+
+
 def stuck_stacks() -> list[traceback.StackSummary]:
     """The Python stack of every thread but this one; of the main one, which called the kernel, what
     runs inside that call (:func:`inside_the_call`)."""
@@ -94,7 +98,7 @@ def run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
     hang_timeout_s, key = run.settings.hang_timeout_s, (case.family, case.impl)
     on_unstoppable = run.on_unstoppable or end_process
     if key in run.hung:
-        raise KernelHang(f"not run again: {run.hung[key].what}")
+        raise NotRunAgain(f"not run again: {run.hung[key].what}")
     # Isolation: a DMA an earlier kernel left in flight must not land in this run.
     compat.reset_interpret_state()
     fired, done = threading.Event(), threading.Event()

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from conformance import compat, dtypes, runner, target_compiles, tolerances
+from conformance import compat, dtypes, runner, target_compiles, tolerances, watchdog
 from conformance.blame import error_locations, error_text
 from conformance.checks import block_map
 from conformance.checks.baseline_case import baseline_of, on_the_baseline
@@ -200,6 +200,11 @@ def call_kernel(
         raise
     except target_compiles.CompileTimeout as timeout:  # not the kernel's error: a compile past its bound
         raise compile_timeout_failure(case, check, timeout) from timeout
+    except watchdog.NotRunAgain as again:  # the hang earlier was the kernel's failure; this is not judged
+        raise NotJudged(
+            f"{again}; its later checks do not run, each would wait out the hang again. "
+            f"To judge this one: {case.replay_command(check)}"
+        ) from again
     except Exception as e:  # the kernel's own error, re-raised with the case attached
         details = [*error_locations(e), error_text(e)]
         raise fail(case, check, f"raised {type(e).__name__} on valid input", details) from e

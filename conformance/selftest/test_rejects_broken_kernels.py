@@ -352,11 +352,15 @@ def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized
 
 
 def test_a_hang_beyond_the_watchdog_ends_with_a_verdict_and_the_kernel_is_not_run_again(verdicts) -> None:
+    """The hang is the kernel's one failure; its later checks are not judged (each would wait out the
+    hang again), never failures it did not show."""
     outcomes = verdicts["broken_pallas_blocks_beyond_the_watchdog"]["test_output_sharding"]
-    assert [o for o, _ in outcomes] == ["failed"] * fixed_shape_tests(), outcomes
+    assert [o for o, _ in outcomes] == ["failed"] + ["skipped"] * (fixed_shape_tests() - 1), outcomes
     first, *rest = (message for _, message in outcomes)
     assert "threads were stuck at" in first and "_wait_forever: _NEVER.wait()" in first, first
-    assert all("not run again: it hung on" in message for message in rest), rest[0]
+    assert all(
+        "not judged" in m and "earlier in this run" in m and "To judge this one:" in m for m in rest
+    ), rest[0]
 
 
 def test_each_collective_in_a_failure_shows_its_own_attributes(verdicts) -> None:

@@ -112,3 +112,16 @@ def test_the_nccl_seed_kernels_are_not_claimed_without_a_gpu(run) -> None:
     for impl in kernels.EXPECTED_REJECTION_GPU:
         outcomes = [(o, m) for results in run[impl].values() for o, m in results]
         assert outcomes and all(o == "skipped" and "not claimed" in m for o, m in outcomes), outcomes[:3]
+
+
+def test_a_kernel_that_hung_fails_once_and_its_later_checks_are_not_judged(run) -> None:
+    """Its call is still blocked in the process, so its later calls cannot run there; they are reported
+    not judged (with the replay that judges one), never as failures the kernel did not show."""
+    outcomes = run["broken_sr_hangs_on_empty_shards"]["test_values"]
+    failed = [m for o, m in outcomes if o == "failed"]
+    assert len(failed) == 1 and "(hung)" in failed[0], failed
+    later = [m for o, m in outcomes if o == "skipped"]
+    assert later, outcomes
+    assert all(
+        "not judged" in m and "hung earlier in this run" in m and "To judge this one:" in m for m in later
+    ), later[0]

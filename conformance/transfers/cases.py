@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 from conformance import registry
 from conformance.blame import error_text
 from conformance.checks import ConformanceFailure
-from conformance.checks.base import fail
+from conformance.checks.base import NotJudged, fail
 from conformance.specs.send_recv import np_dtype
 from conformance.transfers.bounded import bounded_call
 
@@ -234,7 +234,7 @@ class Transfer:
         or a hang is the check's failure."""
         try:
             return bounded_call(self, check, lambda: self.implementation.fn(self.x, dst=self.dst, **kwargs))
-        except ConformanceFailure:
+        except (ConformanceFailure, NotJudged):
             raise
         except Exception as e:
             raise fail(

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from conformance.blame import error_text
 from conformance.checks import ConformanceFailure
-from conformance.checks.base import fail
+from conformance.checks.base import NotJudged, fail
 from conformance.transfers.bounded import bounded_call
 from conformance.transfers.cases import Transfer
 
@@ -251,7 +251,7 @@ def _call_to(t: Transfer, check: str, dst: NamedSharding) -> tuple[object | None
     """One bounded call of the implementation to ``dst``: ``(result, None)`` or ``(None, its error)``."""
     try:
         return bounded_call(t, check, lambda: t.implementation.fn(t.x, dst=dst)), None
-    except ConformanceFailure:
+    except (ConformanceFailure, NotJudged):
         raise
     except Exception as e:
         return None, e
@@ -367,6 +367,8 @@ def check_timeout(t: Transfer) -> None:
                 )
         except ConformanceFailure as e:  # hung: it never raised
             failure = e
+        except NotJudged:  # it hung earlier in this run: so does the transfer after the exchange, not judged
+            pass
         except Exception as e:
             failure = fail(
                 t,
