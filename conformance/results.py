@@ -351,6 +351,7 @@ details{margin:.4em 0}summary{cursor:pointer}
 .counts span{margin-right:1em}td.impl small{color:#666}.legend{color:#555;font-size:12px}
 .ladders{display:flex;flex-wrap:wrap;gap:.6em}svg.ladder{border:1px solid #eee;background:#fff}
 details.cause{margin:.3em 0 .3em 1em}details.cause>details{margin-left:1.5em}
+.why{margin-left:1.6em;font-size:90%;color:#444}
 """
 
 
@@ -458,9 +459,10 @@ def _failures_by_cause(failures: list[dict[str, Any]]) -> list[str]:
             where = ", ".join(f"{c} {n}" for c, n in checks.most_common())
             out.append(
                 f'<details class="cause"><summary><b>{len(group)}x</b> {esc(cause)} '
-                f"<small>(in {esc(where)})</small></summary>"
+                f"<small>(in {esc(where)})</small>"
+                + (f'<br><span class="why">why: {esc(first["why"])}</span>' if first.get("why") else "")
+                + "</summary>"
                 f"<p>smallest: <code>{esc(first['id'])}</code></p>"
-                + (f"<p>why: {esc(first['why'])}</p>" if first.get("why") else "")
                 + (f"<p>start here: <code>{esc(first['replay'])}</code></p>" if first.get("replay") else "")
                 + f"<pre>{esc(first['message'])}</pre>"
             )

@@ -255,3 +255,26 @@ def test_the_html_page_starts_where_the_terminal_does() -> None:
     )
     page = results.to_html(document)
     assert f"smallest: <code>{FAMILY}/{IMPL}/values/2-x-auto</code>" in page, page[-3000:]
+
+
+def test_a_cause_says_why_in_the_summary_and_the_page() -> None:
+    """Where a check said more than its verdict (which block landed where), the smallest case's line
+    is under the cause in the terminal's summary and in the page's cause line, open or not."""
+    import datetime
+
+    why = "out rows 3:6 on device 0 holds device 3's block (expected device 1's)"
+    case = _case("4-x-auto", 3)
+    error = ConformanceFailure(WRONG)
+    error.case, error.check, error.what, error.why = case, "values", WRONG, why
+    verdict = _outcome("values", "failed", None, case, WRONG)
+    verdict.failure = results.FailureCause.of(error)
+    verdict.why = why
+    lines = report.summarize([verdict])
+    assert f"       why: {why}" in lines, lines
+    document = results.to_json(
+        [verdict], [], started=datetime.datetime(2026, 1, 1), duration_s=1.0, stale=[], command=["pytest"]
+    )
+    page = results.to_html(document)
+    summary = page[page.index('<details class="cause"><summary>') :]
+    summary = summary[: summary.index("</summary>")]
+    assert "why: out rows 3:6 on device 0 holds device 3&#x27;s block" in summary, summary
