@@ -19,8 +19,8 @@ kept warm with its compile caches) and the verdict comes back. The bounds:
   it the worker is stopped (its threads' stacks are dumped first).
 
 Either way the test fails with a verdict that names the kernel and the case, later
-checks of that kernel fail at once ("not run again"), and the next kernel gets a
-fresh worker. A worker that crashes is a failure naming the case, too.
+checks of that kernel are not judged (each would wait out the hang again), and the next kernel
+gets a fresh worker. A worker that crashes is a failure naming the case, too.
 
 The protocol is one JSON object per line over the worker's stdin and stdout (never
 pickle). Records the checks keep for the run's report (bytes, accuracy) come back

@@ -2,7 +2,7 @@
 
 :class:`Settings` are the bounds a user sets (``--hang-timeout``, ``--check-timeout``,
 ``--isolation``). A :class:`Session` is one run's state: its settings, the kernels that hung
-(their later checks fail at once instead of hanging again), and the worker process that checks
+(their later checks are not judged instead of hanging again), and the worker process that checks
 Pallas kernels on CPU (:mod:`conformance.isolation`). The pytest plugin keeps one in
 ``config.stash`` for the whole session; absltest's ``main``, the replay command and the worker
 process each make their own.
@@ -91,7 +91,7 @@ class Session:
         on_unstoppable: Callable[[Any, list[Any]], None] | None = None,
     ) -> None:
         self.settings = settings or Settings()
-        #: (family, implementation) -> how it hung; its later checks fail at once.
+        #: (family, implementation) -> how it hung; its later checks are not judged.
         self.hung: dict[tuple[str, str], Hang] = {}
         #: Called from the watchdog's thread with the case and the stuck threads' stacks when a
         #: kernel the watchdog stopped has not unwound; it must not return. ``None``: say where the

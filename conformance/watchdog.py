@@ -8,7 +8,7 @@
   is abandoned after its limit; the thread stays blocked, a daemon that does not hold the exit.
 
 Either way the kernel's key goes into :attr:`conformance.session.Session.hung`: its later checks in
-this run fail at once instead of hanging again.
+this run are not judged instead of hanging again.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def call_bounded(key: tuple[str, str], where: str, fn: Callable[[], Any], *, lim
         run.caller = BoundedCaller()
     outcome = run.caller.run(fn, limit)
     if outcome is None:
-        what = f"did not return within {limit:g} s (hung); its later checks in this process fail at once"
+        what = f"did not return within {limit:g} s (hung); its later checks in this process are not judged"
         run.hung[key] = session_lib.Hang(what, where, abandoned=True)
         raise CallHang(what)
     kind, value = outcome

@@ -380,6 +380,10 @@ def check_timeout(t: Transfer) -> None:
     distributed.exchange("timeout", "failed" if failure else "ok")
     try:
         check_values(t)
+    except NotJudged:
+        if failure is None:
+            raise
+        # the receiver's call above hung: that is the verdict, and the transfer after it cannot run
     except ConformanceFailure as e:
         if failure is None:
             failure = fail(
