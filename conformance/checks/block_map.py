@@ -103,13 +103,14 @@ def _findings(source: int, got: np.ndarray, want: np.ndarray) -> list[Finding]:
 
 
 def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.Array]) -> list[str]:
-    """Lines naming, per wrong row block of the result, whose block it holds, from one run of ``run``
-    (the kernel on given global inputs) per ring position on source-tagged inputs; ``[]`` where the
-    family has no tags (a transfer's block map) or the result's rows do not divide into the ring's blocks."""
+    """Lines naming, per wrong row block of the result, whose block it holds, from ``run`` (the kernel
+    on given global inputs) on source-tagged inputs: one run with every ring position tagged (a
+    "block" family), or one per position (a "partial" one); ``[]`` where the family has no tags (a
+    transfer's block map) or the result has no rows, or rows that do not divide into the ring's blocks."""
     spec = case.spec
     n = case.mesh.axis_size
     out_shape = tuple(case.out_shape)
-    if spec.block_tags is None or out_shape[-2] % n:
+    if spec.block_tags is None or not out_shape[-2] or out_shape[-2] % n:
         return []
     if jax.process_count() > 1:  # a rank whose own shards are right would not join the tagged runs
         return ["block map      : not traced in a multi-process job (replay the case in one process)"]
