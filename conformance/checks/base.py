@@ -202,8 +202,8 @@ def call_kernel(
         raise compile_timeout_failure(case, check, timeout) from timeout
     except watchdog.NotRunAgain as again:  # the hang earlier was the kernel's failure; this is not judged
         raise NotJudged(
-            f"{again}; its later checks do not run, each would wait out the hang again. "
-            f"To judge this one: {case.replay_command(check)}"
+            f"{case.impl} hung earlier in this run ({again}); its later checks do not run, each would "
+            f"wait out the hang again. To judge this one: {case.replay_command(check)}"
         ) from again
     except Exception as e:  # the kernel's own error, re-raised with the case attached
         details = [*error_locations(e), error_text(e)]
