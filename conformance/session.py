@@ -79,6 +79,14 @@ class Hang:
     #: Its thread was given up still blocked (a bounded call, :func:`conformance.watchdog.call_bounded`),
     #: not stopped (a Pallas kernel the watchdog aborted).
     abandoned: bool = False
+    #: The check it hung in, where known: a later case of the same check on the same mesh is the same
+    #: test (hypothesis shrinking the example that hung), which fails as the hang did.
+    check: str | None = None
+
+    def same_test(self, check: str | None, token: str) -> bool:
+        """Whether ``check`` on the case ``token`` is the test this hang happened in (same check, where
+        known, and same mesh: a token starts with its mesh label)."""
+        return (self.check is None or self.check == check) and self.where.split(":")[0] == token.split(":")[0]
 
 
 class Session:
