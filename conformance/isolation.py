@@ -163,7 +163,9 @@ class Worker:
         key = (case.family, case.impl)
         if key in session.hung:  # the worker that saw it is gone; so is its memory of the hang
             hang = session.hung[key]
-            if hang.same_test(name, case.token):  # hypothesis shrinking the example that hung
+            if hang.same_test(
+                session.current_test(), case.token
+            ):  # hypothesis shrinking the example that hung
                 failure = checks.fail(
                     case, name, hang.what, [f"not run again: it hung on {hang.where} in this test"]
                 )
@@ -189,7 +191,7 @@ class Worker:
                 if timed_out
                 else f"the worker process died (exit status {code}) while running this check"
             )
-            session.hung[key] = session_lib.Hang(what, case.token, check=name)
+            session.hung[key] = session_lib.Hang(what, case.token, test=session.current_test())
             tail = ["worker stderr (last lines):", *self.stderr_tail().splitlines()]
             failure = checks.fail(case, name, what, [*self.where_stuck(), *tail])
             return CheckOutcome(name, case, "failed", str(failure), failure.what, failure)
@@ -208,7 +210,7 @@ class Worker:
                 failure.check, failure.what = answer["check"], answer["what"]
                 failure.why = answer.get("why")
             if answer.get("hung"):
-                session.hung[key] = session_lib.Hang(answer["what"], case.token, check=name)
+                session.hung[key] = session_lib.Hang(answer["what"], case.token, test=session.current_test())
             return CheckOutcome(name, case, "failed", message, failure.what, failure, records)
         raise RuntimeError(f"the conformance worker raised while running {name} on {case.token}:\n{message}")
 

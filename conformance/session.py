@@ -79,14 +79,16 @@ class Hang:
     #: Its thread was given up still blocked (a bounded call, :func:`conformance.watchdog.call_bounded`),
     #: not stopped (a Pallas kernel the watchdog aborted).
     abandoned: bool = False
-    #: The check it hung in, where known: a later case of the same check on the same mesh is the same
-    #: test (hypothesis shrinking the example that hung), which fails as the hang did.
-    check: str | None = None
+    #: The pytest test it hung in, where known: a later case in that same test (hypothesis shrinking
+    #: the example that hung) fails as the hang did; a case in any other test is not judged.
+    test: str | None = None
 
-    def same_test(self, check: str | None, token: str) -> bool:
-        """Whether ``check`` on the case ``token`` is the test this hang happened in (same check, where
-        known, and same mesh: a token starts with its mesh label)."""
-        return (self.check is None or self.check == check) and self.where.split(":")[0] == token.split(":")[0]
+    def same_test(self, current_test: str | None, token: str) -> bool:
+        """Whether the case ``token``, run now in ``current_test``, is in the test this hang happened in;
+        outside pytest, whether it is on the same mesh (a token starts with its mesh label)."""
+        if self.test is not None and current_test is not None:
+            return self.test == current_test
+        return self.where.split(":")[0] == token.split(":")[0]
 
 
 class Session:
@@ -133,6 +135,10 @@ class Session:
             yield self
         finally:
             _ACTIVE.reset(token)
+
+    def current_test(self) -> str | None:
+        """The pytest test running now (its node id), where this session reports to a pytest run."""
+        return getattr(self.log, "current", None)
 
     def abandoned_calls(self) -> list[str]:
         """Where each call this session gave up on as hung was (its thread may still be blocked), and

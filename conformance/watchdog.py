@@ -98,7 +98,9 @@ def run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
     hang_timeout_s, key = run.settings.hang_timeout_s, (case.family, case.impl)
     on_unstoppable = run.on_unstoppable or end_process
     if key in run.hung:
-        if run.hung[key].same_test(None, case.token):  # hypothesis shrinking the example that hung
+        if run.hung[key].same_test(
+            run.current_test(), case.token
+        ):  # hypothesis shrinking the example that hung
             raise KernelHang(run.hung[key].what)
         raise NotRunAgain(run.hung[key].what)
     # Isolation: a DMA an earlier kernel left in flight must not land in this run.
@@ -139,7 +141,7 @@ def run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
             f"{where}: a semaphore or DMA wait that nothing signals (the watchdog stopped it "
             "and reset the interpreter)"
         )
-        run.hung[key] = session_lib.Hang(what, case.token)
+        run.hung[key] = session_lib.Hang(what, case.token, test=run.current_test())
         raise KernelHang(what)
     return out
 
