@@ -231,6 +231,26 @@ def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tm
         assert any(f"test_output_sharding[opt_gather-{mesh}-even" in t for t in kept), mesh
 
 
+def test_meshes_of_rings_of_one_skip_the_checks_that_need_a_longer_ring_saying_so(tmp_path: Path) -> None:
+    """``--meshes`` naming only rings of one leaves the overlap check (rings of 2 or more) no mesh:
+    one skipped case that says so, not a crash of the collection on pytest's empty parameter set."""
+    done = _pytest(
+        tmp_path,
+        "-m",
+        "cpu and not tpu",
+        "--impl=xla_allgather_matmul",
+        "--meshes=1-x-auto",
+        "-k",
+        "test_overlap or test_output_sharding",
+        "-rs",
+        how="xdist",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "INTERNALERROR" not in done.stdout + done.stderr
+    assert "has a ring of 2 or more devices, which this check needs" in done.stdout, done.stdout[-3000:]
+    assert "1 skipped" in done.stdout and " passed" in done.stdout, done.stdout[-1500:]
+
+
 @pytest.mark.parametrize("how", sorted(WORKERS))
 @pytest.mark.parametrize(
     "meshes, says",
