@@ -65,7 +65,12 @@ class GpuTarget:
         return (Path(__file__).parent / "gpu_targets" / self.config_file).read_text()
 
 
-TARGETS = {"h100": GpuTarget("h100", "h100_sxm.txtpb", "NVIDIA H100 80GB HBM3")}
+#: The GPUs whose target config was read off a real device. Route 1 compiles the standard rings for
+#: H100s (:data:`TOPOLOGY_BY_GPUS`); route 2 runs on any GPU named here.
+TARGETS = {
+    "h100": GpuTarget("h100", "h100_sxm.txtpb", "NVIDIA H100 80GB HBM3"),
+    "h200": GpuTarget("h200", "h200.txtpb", "NVIDIA H200"),
+}
 
 #: The topology a ring of each length compiles for (route 1): one NVLink host of 8 GPUs, two of them,
 #: and three (a ring of 24, no power of two, two of its hops between hosts). GPU topologies are hosts

@@ -108,6 +108,15 @@ def test_a_field_the_plugin_lacks_is_dropped_and_named() -> None:
     assert "GpuDeviceInfoProto.not_a_field_of_any_xla" in dropped, dropped
 
 
+@pytest.mark.parametrize("target", sorted(gpu_compiler.TARGETS))
+def test_every_target_config_describes_its_own_device(target: str) -> None:
+    """Each config read off a device (H100, H200) gives 8 GPUs of its own kind deviceless, and route 2
+    on such a GPU recognises it by that kind."""
+    devices = gpu_compiler.topology_devices(f"{target}:1x1x8")
+    assert len(devices) == 8
+    assert {d.device_kind for d in devices} == {gpu_compiler.TARGETS[target].device_kind}
+
+
 def test_any_other_parse_error_raises_quoting_protobuf() -> None:
     with pytest.raises(RuntimeError, match="cannot read the target config"):
         gpu_compiler.readable_target_config("gpu_device_info { core_count: [oops", "1x1x8")
