@@ -126,6 +126,7 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
         return device_at[tuple(c)]
 
     found: dict[Slot, list[Finding]] = {}
+    scaled: list[tuple[Slot, int, float, float]] = []  # every wrong row: its slot, row, got, want
     operand_dtype = runner.np_dtype(case.dtype)
     unit = spec.block_unit
     runs: list[tuple[int, ...]] = [tuple(range(n))] if unit == "block" else [(s,) for s in range(n)]
@@ -148,6 +149,11 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
                 mine = data[..., lo - first_row : hi - first_row, :]
                 theirs = expected[(*shard.index[:-2], slice(lo, hi), shard.index[-1])]
                 got, want = _row_tags(mine), _row_tags(theirs)
+                scaled.extend(
+                    (slot, i, g, w)
+                    for i, (g, w) in enumerate(zip(got.tolist(), want.tolist(), strict=True))
+                    if g != w
+                )
                 findings = (
                     _findings_by_tag(got, want, n) if unit == "block" else _findings(sources[0], got, want)
                 )
@@ -163,6 +169,26 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
             f"block map      : {head}, every block lands where the spec puts it: the wrong values come "
             "from the arithmetic (accumulation, a cast), not from where blocks go"
         ]
+    factor = _common_factor([(g, w) for _, _, g, w in scaled], n)
+    if factor is not None:
+        rows: dict[Slot, list[int]] = {}
+        for slot, i, _, _ in scaled:
+            rows.setdefault(slot, []).append(i)
+        named = [
+            (
+                ""
+                if len(set(r)) == s.rows[1] - s.rows[0]
+                else f"row{'s' * (len(r) > 1)} {', '.join(map(str, sorted(set(r))))} of "
+            )
+            + f"out rows {s.rows[0]}:{s.rows[1]} on device {s.device}"
+            for s, r in sorted(rows.items(), key=lambda item: (item[0].device, item[0].block))[:MAX_NAMED]
+        ]
+        more = f" and {len(rows) - MAX_NAMED} more blocks" if len(rows) > MAX_NAMED else ""
+        return [
+            f"block map      : {head}, every block lands where the spec puts it, but its values come out "
+            f"{factor:g} times what they are ({'; '.join(named)}{more}): the arithmetic scales them, "
+            "not where blocks go"
+        ]
     per_block = out_shape[-2] // n
     lines = [f"block map      : {head}: {len(wrong)} of {len(found)} row blocks of the result are wrong"]
     for slot in wrong[:MAX_NAMED]:
@@ -170,6 +196,20 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
     if len(wrong) > MAX_NAMED:
         lines.append(f"  ... and {len(wrong) - MAX_NAMED} more")
     return lines + _patterns(wrong, found, n, per_block, unit, device)
+
+
+def _common_factor(pairs: list[tuple[float, float]], n: int) -> float | None:
+    """The one factor every wrong row's value is of the tag it should hold, where that explains them
+    better than a block out of place: a tagged row that comes out doubled holds another block's tag,
+    but the same factor on rows of different tags, or a value no tag has, is the arithmetic's."""
+    if not pairs or any(w == 0 or w != w or g != g or g == 0 for g, w in pairs):  # g != g: a mixed row
+        return None
+    factors = {round(g / w, 9) for g, w in pairs}
+    if len(factors) != 1:
+        return None
+    (factor,) = factors
+    is_tag = all(g == int(g) and 1 <= g <= n for g, _ in pairs)
+    return factor if len({w for _, w in pairs}) > 1 or not is_tag else None
 
 
 def _rows_of_block(block: int, per_block: int) -> str:

@@ -23,6 +23,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_mrs_wrong_neighbour": "test_values",
     "broken_mrs_wrong_custom_vjp_gradient": "test_gradients",
     "broken_mrs_bfloat16_partial_sums": "test_accuracy",
+    "broken_mrs_counts_own_partial_twice": "test_values",
 }
 #: broken implementation -> a phrase its failure message must contain
 EXPECTED_MESSAGE: dict[str, str] = {
@@ -70,6 +71,22 @@ def broken_mrs_wrong_neighbour(lhs, rhs, *, mesh, axis_name):
         for step in range(1, n):
             acc = lax.ppermute(acc, axis_name, ring_perm(n, +1)) + contribution(lax.rem(me + step + 1, n))
         return acc.astype(lhs_block.dtype)
+
+    return _shard_mapped(per_device, lhs, rhs, mesh, axis_name)
+
+
+@conformance.register("matmul_reduce_scatter", name="broken_mrs_counts_own_partial_twice")
+def broken_mrs_counts_own_partial_twice(lhs, rhs, *, mesh, axis_name):
+    """Starts its accumulator with its own rows' partial, then adds the reduced sum, which holds that
+    partial already: every device's own contribution counts twice (on a ring of one, the whole result
+    doubles). Every block lands where it belongs: the block map must blame the arithmetic."""
+    n = validate("broken_mrs_counts_own_partial_twice", lhs, rhs, mesh, axis_name)
+
+    def per_device(lhs_block, rhs_block):
+        m, me = lhs_block.shape[0] // n, lax.axis_index(axis_name)
+        own = dot(lax.dynamic_slice_in_dim(lhs_block, me * m, m), rhs_block)
+        total = lax.psum_scatter(dot(lhs_block, rhs_block), axis_name, scatter_dimension=0, tiled=True)
+        return (own + total).astype(lhs_block.dtype)
 
     return _shard_mapped(per_device, lhs, rhs, mesh, axis_name)
 

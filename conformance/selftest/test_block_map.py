@@ -58,6 +58,18 @@ CASES = {
         "out rows 0:3 on device 0 holds device 1's partial of rows 6:9 where its rows 0:3 belong",
         "holds device 1's partial of rows 6:9",
     ),
+    "a partial counted twice": (
+        ("broken_mrs_counts_own_partial_twice", "matmul_reduce_scatter", "4-x-auto"),
+        "every block lands where the spec puts it, but its values come out 2 times what they are (out rows"
+        " 0:3 on device 0; out rows 3:6 on device 1; ",
+        "its values come out 2 times what they are",
+    ),
+    "the whole result doubled on a ring of one": (
+        ("broken_mrs_counts_own_partial_twice", "matmul_reduce_scatter", "1-x-auto"),
+        "every block lands where the spec puts it, but its values come out 2 times what they are (out rows"
+        " 0:3 on device 0): the arithmetic scales them, not where blocks go",
+        "its values come out 2 times what they are",
+    ),
     "arithmetic, not placement": (
         ("broken_bfloat16_compute", "allgather_matmul", "4-x-auto"),
         "every block lands where the spec puts it: the wrong values come from the arithmetic",
