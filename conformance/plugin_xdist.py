@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from conformance import outcomes, results
+from conformance import cpu_share, outcomes, results
 from conformance.fixtures.meshes import DEVICE_ORDERS
 
 #: The key of a worker's end-of-run message in xdist's ``workeroutput``.
@@ -60,6 +61,29 @@ def let_workers_share_libtpu() -> None:
     libtpu multi-process lockfile"). Set, unless the user set it, before the workers start. Only the
     compiler is shared: on a TPU VM, whose chips one process holds, run ``-m tpu`` without ``-n``."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def auto_num_workers() -> int | None:
+    """``-n auto``'s worker count: the CPUs a quota grants (:func:`conformance.cpu_share.usable_cpus`),
+    not the cores a container sees; ``None`` (xdist's own rule) where the user set
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS``."""
+    return None if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cpu_share.usable_cpus()
+
+
+def fit_to_cpu_share(config: pytest.Config) -> Callable[[], None]:
+    """Run this test process on its share of the CPUs a quota grants (:func:`conformance.cpu_share.
+    fit_to_share`): a worker by its index among the workers, a job's rank by its process id, one
+    process alone as the only one. The controller runs no test, and its workers inherit its cores:
+    it is left as it is. Returns the closure that undoes it."""
+    if is_controller(config):
+        return lambda: None
+    if is_worker(config):
+        index = int(str(config.workerinput["workerid"]).removeprefix("gw"))
+        count = int(config.workerinput["workercount"])
+    else:  # a rank of `python -m conformance launch`, or one process
+        index = int(os.environ.get("CONFORMANCE_PROCESS_ID", "0"))
+        count = int(os.environ.get("CONFORMANCE_NUM_PROCESSES", "1"))
+    return cpu_share.fit_to_share(index, count)[1]
 
 
 def group_of(nodeid: str) -> str:

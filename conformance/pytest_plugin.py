@@ -64,6 +64,7 @@ import pytest
 from conformance import (
     compat,
     compilation_cache,
+    cpu_share,
     distributed,
     gpu_compiler,
     known_failures,
@@ -244,6 +245,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # --meshes is read here, before any worker starts (under -n a worker's usage error is a crash)
     config.stash[pytest_fixtures.WANTED_MESHES] = plugin_meshes.meshes_option(config)
     gpu_compiler.configure_from_environment()  # a mocked GPU topology, before any backend starts
+    config.add_cleanup(plugin_xdist.fit_to_cpu_share(config))  # before XLA sizes its thread pools
     config.add_cleanup(tpu_compiler.chipless_start())  # before libtpu loads
     if plugin_xdist.is_controller(config) and not in_job:  # its report's host line: the workers' devices
         compat.cpu_devices_in_this_process(devices_lib.CPU_DEVICE_COUNT)
@@ -309,6 +311,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
         names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))
         raise pytest.UsageError(f"--impl={pattern} matches no implementation; registered: {names}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    return plugin_xdist.auto_num_workers()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return cpu_share.header_lines()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
