@@ -407,11 +407,44 @@ def compare_with_reference(
         tol, rule = _baseline_tolerance(case, check, inputs64, expected, str(unbounded))
 
     def explain() -> list[str]:
-        return block_map.where_blocks_landed(case, lambda inputs: runner.execute(case, inputs=inputs)[1])
+        placed = block_map.where_blocks_landed(case, lambda inputs: runner.execute(case, inputs=inputs)[1])
+        return [*placed, *_baseline_wrong_too(case, inputs64, expected, tol)]
 
     compare_shards(
         case, check, out, expected, tol, subject=subject, rule=rule, explain=explain if blocks else None
     )
+
+
+def _baseline_wrong_too(
+    case: Case, inputs64: tuple[np.ndarray, ...], expected: np.ndarray, tol: np.ndarray | float
+) -> list[str]:
+    """The line saying that the family's baseline (XLA's own op) gets the same inputs wrong as well,
+    where it does: then the defect lies below the kernel, in the compiler or the platform (XLA:GPU's
+    doubled int8 dots), and the kernel's author can stop looking at the kernel. ``[]`` where the
+    baseline is right, is the kernel itself, or cannot run the case (a dtype or shape it lacks); not
+    run in a multi-process job, where a rank whose own shards are right would not join the run."""
+    if jax.process_count() > 1:
+        return []
+    try:
+        baseline = baseline_of(case.family)
+        if baseline == case.impl:
+            return []
+        base_case, fold, unfold = on_the_baseline(case, baseline)
+        inputs = tuple(a.astype(runner.np_dtype(case.dtype)) for a in inputs64)  # exact: they came from it
+        _, base_out = runner.execute(base_case, inputs=fold(inputs))
+        base = np.asarray(unfold(base_out, expected)).astype(np.float64)
+    except Exception:  # the baseline not running this case says nothing about the kernel's result
+        return []
+    bad = np.abs(base - expected) > tol
+    if not bad.any():
+        return []
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    return [
+        f"{block_map.BASELINE_PREFIX} {baseline} (the family's baseline, XLA's own op) gets the same "
+        f"inputs wrong too: out{list(first)} = {base[first]:.7g}, expected {expected[first]:.7g} "
+        f"({int(bad.sum())} of {bad.size} elements wrong): the defect is below the kernel, in the "
+        "compiler or the platform"
+    ]
 
 
 def _baseline_tolerance(

@@ -28,6 +28,8 @@ from conformance import runner
 from conformance.blame import error_text
 from conformance.runner import Case
 
+#: How the line saying the family's baseline is wrong too begins (conformance.checks.base).
+BASELINE_PREFIX = "baseline       :"
 #: At most this many wrong blocks are named one by one; the rest are counted.
 MAX_NAMED = 4
 
@@ -338,6 +340,9 @@ def summary_line(lines: list[str]) -> str | None:
     devices where there is one, else the first wrong block named, else the verdict on placement."""
     if not lines:
         return None
+    below = [line for line in lines if line.startswith(BASELINE_PREFIX)]
+    if below:  # the baseline wrong as well: that is the cause, whatever the blocks say
+        return below[0].removeprefix(BASELINE_PREFIX).strip()
     patterns = [line for line in lines[1:] if "missing everywhere" in line or "wrong blocks only" in line]
     named = [line for line in lines[1:] if line.startswith("  out rows")]
     if patterns or named:

@@ -11,6 +11,7 @@ import conformance.selftest.broken_matmul_reduce_scatter_kernels
 import conformance.selftest.broken_mesh_kernels
 import conformance.selftest.broken_pallas_kernels  # noqa: F401  (registers the kernels below)
 from conformance import checks, specs
+from conformance.checks import base
 from conformance.fixtures.meshes import parse_mesh
 from conformance.outcomes import run_here
 from conformance.runner import Case
@@ -96,3 +97,17 @@ def test_the_pallas_ring_that_never_sends_an_odd_blocks_last_row() -> None:
     )
     assert "row 2 of device 1's block never arrived" in str(failure), str(failure)
     assert failure.why == "in each of the 6 wrong blocks only row 2 is wrong", failure.why
+
+
+def test_a_baseline_wrong_on_the_same_inputs_is_named_as_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where XLA's own op gets the case wrong too (XLA:GPU's doubled int8 dots), the failure says so and
+    the summary's line is that; with a right baseline no such line."""
+    right = _failure("matmul_reduce_scatter", "broken_mrs_wrong_neighbour", "4-x-auto")
+    assert "baseline       :" not in str(right), str(right)
+    monkeypatch.setattr(base, "baseline_of", lambda family: "broken_mrs_counts_own_partial_twice")
+    wrong = _failure("matmul_reduce_scatter", "broken_mrs_wrong_neighbour", "4-x-auto")
+    says = (
+        "broken_mrs_counts_own_partial_twice (the family's baseline, XLA's own op) gets the same inputs wrong"
+    )
+    assert says in str(wrong), str(wrong)
+    assert "the defect is below the kernel" in (wrong.why or ""), wrong.why
