@@ -1,6 +1,7 @@
 """The suite's own tests: kernels broken in one known way each, which the suite must reject."""
 
 import os
+import sys
 
 #: What a self-test's pytest subprocess must not inherit: this process's device count, and
 #: pytest-xdist's worker variables when the self-tests run under ``-n`` (pytest-benchmark, seeing
@@ -13,3 +14,28 @@ def subprocess_env() -> dict[str, str]:
     return {
         k: v for k, v in os.environ.items() if k not in _NOT_INHERITED and not k.startswith("PYTEST_XDIST_")
     }
+
+
+def suite_command(*args: str, marks: str | None = "cpu") -> list[str]:
+    """A pytest run of the installed suite as a user starts it, quiet and without pytest's cache:
+    ``python -m pytest --pyargs conformance -m MARKS -p no:cacheprovider -q ARGS`` (no ``-m`` where
+    ``marks`` is ``None``)."""
+    return [
+        sys.executable,
+        *("-m", "pytest", "--pyargs", "conformance"),
+        *(("-m", marks) if marks else ()),
+        *("-p", "no:cacheprovider", "-q"),
+        *args,
+    ]
+
+
+def job_command(*, timeout: float | None = None, log_dir: str | None = None) -> list[str]:
+    """What starts the command after it as a job of 2 processes x 4 CPU devices: ``python -m
+    conformance launch --processes 2 --devices-per-process 4 [--timeout T] [--log-dir DIR] --``."""
+    return [
+        sys.executable,
+        *("-m", "conformance", "launch", "--processes", "2", "--devices-per-process", "4"),
+        *(("--timeout", str(timeout)) if timeout is not None else ()),
+        *(("--log-dir", log_dir) if log_dir is not None else ()),
+        "--",
+    ]

@@ -7,30 +7,19 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conformance.selftest import subprocess_env
+from conformance.selftest import job_command, subprocess_env, suite_command
 from conformance.selftest.bad_output_kernels import VERDICTS
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
 KERNELS = "conformance.selftest.bad_output_kernels"
-PYTEST = (
-    "-m",
-    "pytest",
-    "--pyargs",
-    "conformance",
-    "-m",
-    "cpu",
-    f"--kernels={KERNELS}",
-    "--impl=bad_output_*",
-)
+ARGS = (f"--kernels={KERNELS}", "--impl=bad_output_*")
 #: A ring of 3 for the mesh checks (the eager check's own two meshes and the TPU tier's topologies run too).
 MESHES = "--meshes=3-x-auto"
-JOB = ("-m", "conformance", "launch", "--processes", "2", "--devices-per-process", "4", "--timeout", "400")
 
 _IMPL = re.compile(r"^(?P<family>\w+)/(?P<impl>\w+): (?P<failed>\d+) failed, \d+ passed$")
 _CAUSE = re.compile(r"^ {2,}(?P<count>\d+)x (?P<what>.+)$")
@@ -53,21 +42,9 @@ def failure_summary(output: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("how", ["one-process", "xdist", "job"])
 def test_each_bad_output_is_one_cause_in_the_failure_summary(tmp_path: Path, how: str) -> None:
-    pytest_command = [*PYTEST, MESHES, "-p", "no:cacheprovider", "-q"]
-    if how == "xdist":
-        pytest_command += ["-n", "2"]
+    command = suite_command(*ARGS, MESHES, *(("-n", "2") if how == "xdist" else ()))
     if how == "job":
-        command = [
-            sys.executable,
-            *JOB,
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--",
-            sys.executable,
-            *pytest_command,
-        ]
-    else:
-        command = [sys.executable, *pytest_command]
+        command = [*job_command(timeout=400, log_dir=str(tmp_path / "logs")), *command]
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=900, env=subprocess_env(), cwd=tmp_path
     )

@@ -6,7 +6,6 @@ abandoned compile (never Python's abort at finalization, exit status 134)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from conformance import checks, registry, tpu_compiler
 from conformance.fixtures.meshes import parse_mesh
 from conformance.outcomes import run_here
 from conformance.runner import Case
-from conformance.selftest import subprocess_env
+from conformance.selftest import subprocess_env, suite_command
 from conformance.session import Session, Settings
 
 pytestmark = pytest.mark.selftest
@@ -77,18 +76,7 @@ def test_the_run_goes_on_and_ends_with_pytests_exit_status(tmp_path: Path) -> No
     env["PYTHONPATH"] = str(tmp_path)
     done = subprocess.run(
         [
-            *(
-                sys.executable,
-                "-m",
-                "pytest",
-                "--pyargs",
-                "conformance",
-                "-m",
-                "cpu",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-            ),
+            *suite_command(),
             *("--kernels=slow_compile_kernels", f"--impl={IMPL}", "--compile-timeout=0.001"),
             *("--meshes=4-x-auto", "-k", "test_lowered_bytes or test_values"),
         ],

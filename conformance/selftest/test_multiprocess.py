@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from conformance.checks.values import EAGER_MESHES
-from conformance.selftest import subprocess_env
+from conformance.selftest import job_command, subprocess_env, suite_command
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
@@ -26,31 +25,8 @@ def _launch(
     env = subprocess_env()
     logs = str(tmp_path / "logs")
     command = [
-        sys.executable,
-        "-m",
-        "conformance",
-        "launch",
-        "--processes",
-        "2",
-        "--devices-per-process",
-        "4",
-        "--timeout",
-        str(timeout),
-        "--log-dir",
-        logs,
-        "--",
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "conformance",
-        "-m",
-        "cpu",
-        f"--kernels={KERNELS}",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        *pytest_args,
+        *job_command(timeout=timeout, log_dir=logs),
+        *suite_command(f"--kernels={KERNELS}", *pytest_args),
     ]
     start = time.monotonic()
     done = subprocess.run(

@@ -22,7 +22,7 @@ from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
 from conformance.fixtures.meshes import STANDARD_MESHES, parse_mesh
-from conformance.selftest import subprocess_env
+from conformance.selftest import job_command, subprocess_env, suite_command
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
@@ -47,17 +47,7 @@ def opt_gather(x, *, mesh, axis_name):
 WORKERS = {
     "one-process": (),
     "xdist": ("-n", "2"),
-    "job": (
-        sys.executable,
-        "-m",
-        "conformance",
-        "launch",
-        "--processes",
-        "2",
-        "--devices-per-process",
-        "4",
-        "--",
-    ),
+    "job": tuple(job_command()),
 }
 
 
@@ -71,17 +61,9 @@ def _pytest(
     return subprocess.run(
         [
             *launcher,
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "conformance",
-            "--kernels=opt_kernels",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            *args,
-            *(WORKERS[how] if how == "xdist" else ()),
+            *suite_command(
+                "--kernels=opt_kernels", *args, *(WORKERS[how] if how == "xdist" else ()), marks=None
+            ),
         ],
         cwd=tmp_path,
         capture_output=True,
