@@ -415,6 +415,25 @@ def compare_with_reference(
     )
 
 
+def _baseline_result(
+    case: Case,
+    baseline: str,
+    inputs64: tuple[np.ndarray, ...],
+    expected: np.ndarray,
+    *,
+    call: Callable[[Callable[[], Any]], Any],
+) -> np.ndarray:
+    """``baseline``'s result on ``case``'s inputs, in the case's form (a batched case folded into the
+    2-D baseline and back), as float64; ``call`` runs the baseline (under ``call_kernel`` where its
+    failure is a verdict)."""
+    base_case, fold, unfold = on_the_baseline(case, baseline)
+    inputs = tuple(a.astype(runner.np_dtype(case.dtype)) for a in inputs64)  # exact: they came from it
+    _, base_out = call(lambda: runner.execute(base_case, inputs=fold(inputs)))
+    folded = unfold(base_out, expected)
+    base = folded if isinstance(folded, np.ndarray) else runner.global_value(folded)
+    return np.asarray(base).astype(np.float64)
+
+
 def _baseline_wrong_too(
     case: Case, inputs64: tuple[np.ndarray, ...], expected: np.ndarray, tol: np.ndarray | float
 ) -> list[str]:
@@ -429,10 +448,7 @@ def _baseline_wrong_too(
         baseline = baseline_of(case.family)
         if baseline == case.impl:
             return []
-        base_case, fold, unfold = on_the_baseline(case, baseline)
-        inputs = tuple(a.astype(runner.np_dtype(case.dtype)) for a in inputs64)  # exact: they came from it
-        _, base_out = runner.execute(base_case, inputs=fold(inputs))
-        base = np.asarray(unfold(base_out, expected)).astype(np.float64)
+        base = _baseline_result(case, baseline, inputs64, expected, call=lambda run: run())
     except Exception:  # the baseline not running this case says nothing about the kernel's result
         return []
     bad = np.abs(base - expected) > tol
@@ -451,12 +467,10 @@ def _baseline_tolerance(
     case: Case, check: str, inputs64: tuple[np.ndarray, ...], expected: np.ndarray, why: str
 ) -> tuple[np.ndarray, str]:
     baseline = baseline_of(case.family)
-    base_case, fold, unfold = on_the_baseline(case, baseline)
-    inputs = tuple(a.astype(runner.np_dtype(case.dtype)) for a in inputs64)  # exact: they came from it
-    _, base_out = call_kernel(case, check, lambda: runner.execute(base_case, inputs=fold(inputs)))
-    folded = unfold(base_out, expected)  # the 2-D baseline's result in the case's form
-    base = folded if isinstance(folded, np.ndarray) else runner.global_value(folded)
-    error = np.abs(np.asarray(base).astype(np.float64) - expected)
+    base = _baseline_result(
+        case, baseline, inputs64, expected, call=lambda run: call_kernel(case, check, run)
+    )
+    error = np.abs(base - expected)
     tol = tolerances.baseline_relative_tolerance(expected, error, case.dtype)
     rule = (
         f"{why}: each element within {tolerances.BASELINE_ERROR_FACTOR:g}x the largest error of "
