@@ -83,10 +83,10 @@ BUILTINS = {
     "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
     "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
 }
-#: The built-ins pass every check of the suite on every mesh in `tox -e cpu`; here, on a ring of one, an
-#: odd ring, the longest ring, a 2-D mesh in a TPU slice's order, a 3-D mesh and a reversed ring of 8,
-#: plus the mesh-less tests. Each broken kernel of the versions scope meets the mesh meant to catch it
-#: among these (a rounding per hop needs the ring of 8).
+#: The built-ins pass every check of the suite on every mesh in `tox -e cpu` (and `tpu-compile`); here,
+#: on a ring of one, an odd ring, the longest ring, a 2-D mesh in a TPU slice's order, a 3-D mesh and a
+#: reversed ring of 8, plus the mesh-less tests. Each broken kernel of the versions scope meets the mesh
+#: meant to catch it among these (a rounding per hop needs the ring of 8).
 SUBSET_MESHES = (
     "1-x-explicit",
     "5-x-explicit",
