@@ -387,12 +387,18 @@ def traced_for_targets(case: Case) -> Any:
 
 
 def lower_exactly(case: Case, target: str) -> Any:
-    """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"``.
+    """``case`` lowered (not compiled) for another backend, e.g. ``"tpu"`` or ``"cuda"`` (cached: the
+    cross-lowering and overlap checks of one case read the same module).
 
     A Pallas kernel is lowered as the real kernel (no ``interpret``); a shape it
     refuses on a TPU raises :class:`conformance.mosaic.TpuConstraintError`.
     """
-    return compat.lower_traced(_traced_for_targets(_compile_key(case), False), target)
+    return _lowered_for_target(_compile_key(case), target)
+
+
+@functools.lru_cache(maxsize=16)
+def _lowered_for_target(key: Case, target: str) -> Any:
+    return compat.lower_traced(_traced_for_targets(key, False), target)
 
 
 def tpu_lowerable(case: Case, target: str, lower: Any) -> Any:

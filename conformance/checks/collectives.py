@@ -334,9 +334,14 @@ CHECKS = (
         tables=lambda records: byte_table(
             "forward: bytes received per device / lower bound (compiled HLO)", records
         ),
-        axes=Axes(shapes=True),
+        # the collectives a kernel emits follow its code path, which turns on the ring's kind (one, odd,
+        # even, several steps each way, an axis of a 2-D or 3-D mesh, a permuted order): a mesh of each
+        # kind; the bytes grow with the ring, and the longest is among them. What turns on each length
+        # (a position wrapped with a bit mask) is wrong values, the values check's on every mesh
+        axes=Axes(meshes="covering", shapes=True),
     ),
-    Check("cross_lowering", check_cross_lowering, axes=Axes(shapes=True)),
+    # the lowering follows the same code path: a mesh of each kind
+    Check("cross_lowering", check_cross_lowering, axes=Axes(meshes="covering", shapes=True)),
     Check(
         "lowered_bytes",
         check_lowered_bytes,
@@ -345,9 +350,10 @@ CHECKS = (
             "TPU, where libtpu is installed, compiled by the real TPU compiler)",
             records,
         ),
-        # what a narrow pass moves turns on the dtype (a cast before a transfer), not on the ring: a ring
-        # of each dimensionality; every mesh's float32 bytes are the collectives check's
-        axes=Axes(meshes="dimensions", dtypes="narrow_dtypes"),
+        # what a narrow pass moves turns on the dtype (a cast before a transfer) and grows with the hops:
+        # the longest ring (fixtures.meshes.LONGEST_RING_MESHES); the float32 bytes and collective kinds
+        # on a mesh of each kind are the collectives check's
+        axes=Axes(meshes="longest_ring", dtypes="narrow_dtypes"),
         doc="16- and 8-bit bytes per device, forward and backward, in the modules lowered for targets.",
     ),
 )

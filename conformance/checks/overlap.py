@@ -160,7 +160,8 @@ CHECKS = (
         "overlap",
         check_overlap,
         tables=overlap_table,
-        axes=Axes(shapes=True, families_with="overlap", min_ring=2),
+        # the dataflow of a ring's steps: a ring of each kind (of 2 or more), the longest among them
+        axes=Axes(meshes="covering", shapes=True, families_with="overlap", min_ring=2),
         doc="Each transfer can hide behind a matmul independent of it, in the dataflow of the compiled "
         "module and of the modules lowered for each target (families whose point is overlap).",
     ),

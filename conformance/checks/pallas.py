@@ -244,7 +244,11 @@ CHECKS = (
     Check(
         "races",
         check_races,
-        axes=Axes(shapes=True, dma_modes=True, platforms=False, implementations=("pallas",)),
+        # a race is in the kernel's semaphore and buffer protocol, which turns on the steps the ring
+        # takes (none, one, several each way, an odd split) and the mesh's kind: a mesh of each kind
+        axes=Axes(
+            meshes="covering", shapes=True, dma_modes=True, platforms=False, implementations=("pallas",)
+        ),
         doc="Pallas kernels under TPU interpret mode with race detection, in both DMA modes.",
     ),
     Check(

@@ -197,7 +197,10 @@ CHECKS = (
         doc="At the TPU-native dims (the DMA windows a chip runs), exact under interpret mode's on_wait "
         "DMAs.",
     ),
-    Check("output_sharding", check_output_sharding, axes=Axes(shapes=True)),
+    # at both fixed shapes on a mesh of each kind: a block that lands on the wrong device turns on the
+    # mesh's kind (a ring of one, an axis of a 2-D or 3-D mesh, a permuted order); what turns on each
+    # ring length is the values check's, on every mesh at drawn shapes (odd rows and 1 among them)
+    Check("output_sharding", check_output_sharding, axes=Axes(meshes="covering", shapes=True)),
     Check(
         "dtype",
         check_dtype,
@@ -208,7 +211,9 @@ CHECKS = (
         doc="Every dtype of the spec on one mesh of each kind at the odd fixed shape: the result has its "
         "dtype, and each shard its values.",
     ),
-    Check("determinism", check_determinism, axes=Axes(shapes=True)),
+    # a second run of the fixed case: what makes two runs differ (an unordered accumulation, a race) is
+    # the program's, not a ring length's: a mesh of each kind
+    Check("determinism", check_determinism, axes=Axes(meshes="covering", shapes=True)),
     Check(
         "eager",
         check_eager,

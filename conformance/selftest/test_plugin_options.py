@@ -131,10 +131,10 @@ def test_shapes_move_to_the_nearest_claimed_ones(scratch_registry) -> None:
 def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) -> None:
     (tmp_path / "xfails.txt").write_text(
         "# a comment line\n"
-        "all_gather/opt_gather/determinism/2-x-auto/cpu/odd   # passes: a strict xfail fails the run\n"
+        "all_gather/opt_gather/determinism/5-x-explicit/cpu/odd   # passes: a strict xfail fails the run\n"
         "all_gather/opt_gather/no_such_check/*\n"
     )
-    (tmp_path / "skips.txt").write_text("all_gather/opt_gather/determinism/4-x-auto/*\n")
+    (tmp_path / "skips.txt").write_text("all_gather/opt_gather/determinism/6-x-auto/*\n")
     files = (
         "--xfails-file=xfails.txt",
         "--skips-file=skips.txt",
@@ -154,8 +154,8 @@ def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) 
     assert "xfails.txt:3: all_gather/opt_gather/no_such_check/*  (xfail)" in done.stdout, done.stdout[-3000:]
     document = json.loads((tmp_path / "out.json").read_text())
     by = {o["id"]: o for o in document["outcomes"]}
-    assert by["all_gather/opt_gather/determinism/2-x-auto/cpu/odd"]["outcome"] == "xpassed"
-    assert by["all_gather/opt_gather/determinism/4-x-auto/cpu/odd"]["outcome"] == "skipped"
+    assert by["all_gather/opt_gather/determinism/5-x-explicit/cpu/odd"]["outcome"] == "xpassed"
+    assert by["all_gather/opt_gather/determinism/6-x-auto/cpu/odd"]["outcome"] == "skipped"
     assert by["all_gather/opt_gather/dtype/5-x-explicit/cpu/int8"]["outcome"] == "not_claimed"
     assert by["all_gather/opt_gather/dtype/5-x-explicit/cpu/int32"]["outcome"] == "passed"
     assert document["known_failures"]["stale"] == [

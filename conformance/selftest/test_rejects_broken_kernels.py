@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.checks import CHECKS
 from conformance.checks.values import EAGER_MESHES
 from conformance.claims import NOT_CLAIMED
 from conformance.distributed import PALLAS_INTERPRET
@@ -115,10 +116,18 @@ def meshes_of(mesh_set: str, *, min_ring: int = 1) -> list[MeshConfig]:
     return [c for c in map(parse_mesh, labels) if c.axis_size >= min_ring]
 
 
-def fixed_shape_tests(*, min_ring: int = 1) -> int:
-    """How many tests a check at both fixed shapes runs per kernel: the odd shape on every standard
-    mesh, the even one on the covering ones (``Axes.variants_on``)."""
-    return len(meshes_of("standard", min_ring=min_ring)) + len(meshes_of("covering", min_ring=min_ring))
+def check_meshes(check: str, *, min_ring: int | None = None) -> list[MeshConfig]:
+    """The meshes ``check``'s test runs on in this run (its ``Axes.meshes``), of rings at least
+    ``min_ring`` long (default: the check's own shortest ring)."""
+    axes = CHECKS[check].axes
+    return meshes_of(axes.meshes, min_ring=axes.min_ring if min_ring is None else min_ring)
+
+
+def fixed_shape_tests(check: str) -> int:
+    """How many tests ``check``, at both fixed shapes, runs per kernel: the odd shape on the check's
+    meshes, the even one on its ``Axes.variants_on`` meshes."""
+    axes = CHECKS[check].axes
+    return len(check_meshes(check)) + len(meshes_of(axes.variants_on, min_ring=axes.min_ring))
 
 
 #: The end of every skip reason for a case this host cannot run (compat.interpret_mode_limit).
@@ -292,7 +301,7 @@ def test_an_overlap_defect_passes_every_other_check(verdicts, impl: str) -> None
         assert not bad, f"{impl} {test}: {bad[0][0]}: {bad[0][1][:2000]}"
     rejected = verdicts[impl]["test_overlap"]
     # overlap judges rings with a transfer: of 2 and more
-    assert len(rejected) == fixed_shape_tests(min_ring=2), rejected
+    assert len(rejected) == fixed_shape_tests("overlap"), rejected
     assert all(o == "failed" for o, _ in rejected), rejected
 
 
@@ -336,10 +345,10 @@ def test_truncating_kernel_fails_bad_inputs_on_every_mesh_type_for_its_real_reas
     """On an Explicit mesh JAX refuses replicated inputs before the kernel sees them, with a message
     that names the array's shape; the verdict must come from the kernel's own behaviour instead."""
     outcomes = verdicts["broken_truncates_indivisible_rows"]["test_bad_inputs"]
-    assert len(outcomes) == len(meshes_of("standard")), outcomes  # every mesh, Auto and Explicit
+    assert len(outcomes) == len(check_meshes("bad_inputs")), outcomes  # a mesh of each kind, both types
     failed = [message for outcome, message in outcomes if outcome == "failed"]
     # every size divides by a ring of one: there it has nothing to truncate, and passes
-    assert len(failed) == len(meshes_of("standard", min_ring=2)), outcomes
+    assert len(failed) == len(check_meshes("bad_inputs", min_ring=2)), outcomes
     assert [o for o, _ in outcomes if o != "failed"] == ["passed"] * (len(outcomes) - len(failed)), outcomes
     for message in failed:
         assert "returned a result of shape" in message, message
@@ -349,9 +358,9 @@ def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized
     verdicts, output = suite
     outcomes = verdicts[ODD_ROWS]["test_output_sharding"]
     names = [message for outcome, message in outcomes if outcome == "failed"]
-    assert len(outcomes) == fixed_shape_tests(), outcomes  # both fixed shapes
+    assert len(outcomes) == fixed_shape_tests("output_sharding"), outcomes  # both fixed shapes
     # the odd half, where there is a neighbour to send a row to (a ring of one drops nothing)
-    assert len(names) == len(meshes_of("standard", min_ring=2)), outcomes
+    assert len(names) == len(check_meshes("output_sharding", min_ring=2)), outcomes
     assert all("rows_per_shard=3" in message for message in names), names[0]
     summary = output[output.index("conformance failures by implementation") :]
     block = summary[summary.index(f"\nall_gather/{ODD_ROWS}:") :]
@@ -366,7 +375,8 @@ def test_a_hang_beyond_the_watchdog_ends_with_a_verdict_and_the_kernel_is_not_ru
     """The hang is the kernel's one failure; its later checks are not judged (each would wait out the
     hang again), never failures it did not show."""
     outcomes = verdicts["broken_pallas_blocks_beyond_the_watchdog"]["test_output_sharding"]
-    assert [o for o, _ in outcomes] == ["failed"] + ["skipped"] * (fixed_shape_tests() - 1), outcomes
+    later = fixed_shape_tests("output_sharding") - 1
+    assert [o for o, _ in outcomes] == ["failed"] + ["skipped"] * later, outcomes
     first, *rest = (message for _, message in outcomes)
     assert "threads were stuck at" in first and "_wait_forever: _NEVER.wait()" in first, first
     assert all(
