@@ -11,10 +11,12 @@ subset of the cpu run under a quota of a quarter CPU took 173 s with 2 workers, 
 and 120 s with one worker pinned to one core, against 19 s unthrottled.
 
 So the plugin asks (:func:`usable_cpus`) how many CPUs the quota grants, starts that many workers
-for ``-n auto``, and where the quota is below the cores a process may run on, gives each process of
-the run its share of the cores (:func:`fit_to_share`) before JAX's backend starts, so that XLA's
-pools are sized by it. A host without a quota is left as it is, and ``CONFORMANCE_CPU_SHARE=off``
-leaves every process where it was (``PYTEST_XDIST_AUTO_NUM_WORKERS`` sets ``-n auto``'s count).
+for ``-n auto`` (for one CPU, the suite's own run stays in one process: a worker would add only its
+controller's cost; :func:`conformance.plugin_xdist.auto_num_workers`), and where the quota is below
+the cores a process may run on, gives each process of the run its share of the cores
+(:func:`fit_to_share`) before JAX's backend starts, so that XLA's pools are sized by it. A host
+without a quota is left as it is, and ``CONFORMANCE_CPU_SHARE=off`` leaves every process where it
+was (``PYTEST_XDIST_AUTO_NUM_WORKERS`` sets ``-n auto``'s count).
 """
 
 from __future__ import annotations
@@ -126,12 +128,15 @@ def fit_to_share(index: int, processes: int) -> tuple[str | None, Callable[[], N
     return said, undo
 
 
-def header_lines() -> list[str]:
-    """What the run's header says of the CPU share, where a quota grants fewer CPUs than are visible."""
+def header_lines(*, workers: int | None = None) -> list[str]:
+    """What the run's header says of the CPU share, where a quota grants fewer CPUs than are visible
+    (``workers``: what ``-n auto`` gives, 0 for the tests in this process; default: one per CPU)."""
     quota, visible = quota_cpus(), len(visible_cpus())
     if quota is None or usable_cpus() >= visible:
         return []
+    workers = usable_cpus() if workers is None else workers
+    auto = "runs the tests in this process" if workers == 0 else f"starts {workers} worker(s)"
     return [
-        f"conformance: a CPU quota of {quota:g} CPUs on {visible} visible cores: -n auto starts "
-        f"{usable_cpus()} worker(s), and each test process runs on its share of the cores"
+        f"conformance: a CPU quota of {quota:g} CPUs on {visible} visible cores: -n auto {auto}, and "
+        "each test process runs on its share of the cores"
     ]

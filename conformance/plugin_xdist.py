@@ -24,6 +24,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,8 @@ from conformance.fixtures.meshes import DEVICE_ORDERS
 
 #: The key of a worker's end-of-run message in xdist's ``workeroutput``.
 WORKER_OUTPUT_KEY = "conformance"
+#: The run's header lines on its CPU share, read before the process is given its share.
+_HEADER = pytest.StashKey[list[str]]()
 
 #: A mesh label inside a test id's parameters (``8-x-explicit``, ``2x2x2-z-auto``,
 #: ``8-x-explicit-reversed``, ``256-x-explicit``).
@@ -63,18 +66,43 @@ def let_workers_share_libtpu() -> None:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
-def auto_num_workers() -> int | None:
+def auto_num_workers(config: pytest.Config | None = None) -> int | None:
     """``-n auto``'s worker count: the CPUs a quota grants (:func:`conformance.cpu_share.usable_cpus`),
     not the cores a container sees; ``None`` (xdist's own rule) where the user set
-    ``PYTEST_XDIST_AUTO_NUM_WORKERS``."""
-    return None if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cpu_share.usable_cpus()
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS``.
+
+    Where that is one CPU and the run is the suite's own (:func:`runs_the_suite`), none: the tests run
+    in this process, as without ``-n``. One worker runs them one at a time too, and its controller
+    costs CPU besides (receiving and printing each report, importing JAX): under a quota of half a
+    CPU, ``tox -e cpu``'s pytest took 413 s in one process against 463 s with one worker
+    (docs/timings.md). Another suite in the same environment keeps its one worker."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    usable = cpu_share.usable_cpus()
+    return 0 if usable == 1 and config is not None and runs_the_suite(config) else usable
+
+
+def runs_the_suite(config: pytest.Config) -> bool:
+    """Whether the command line names the suite's own tests: a path inside the installed
+    ``conformance`` package (``pytest conformance``), or ``--pyargs conformance``."""
+    package = Path(__file__).resolve().parent
+    for arg in config.args:
+        target = arg.split("::")[0]
+        if getattr(config.option, "pyargs", False) and target.split(".")[0] == "conformance":
+            return True
+        path = (Path(config.invocation_params.dir) / target).resolve()
+        if path == package or package in path.parents:
+            return True
+    return False
 
 
 def fit_to_cpu_share(config: pytest.Config) -> Callable[[], None]:
     """Run this test process on its share of the CPUs a quota grants (:func:`conformance.cpu_share.
     fit_to_share`): a worker by its index among the workers, a job's rank by its process id, one
     process alone as the only one. The controller runs no test, and its workers inherit its cores:
-    it is left as it is. Returns the closure that undoes it."""
+    it is left as it is. Returns the closure that undoes it. What the run's header says of the share
+    (:func:`header_lines`) is read first, from the cores the process was given."""
+    config.stash[_HEADER] = cpu_share.header_lines(workers=auto_num_workers(config))
     if is_controller(config):
         return lambda: None
     if is_worker(config):
@@ -84,6 +112,12 @@ def fit_to_cpu_share(config: pytest.Config) -> Callable[[], None]:
         index = int(os.environ.get("CONFORMANCE_PROCESS_ID", "0"))
         count = int(os.environ.get("CONFORMANCE_NUM_PROCESSES", "1"))
     return cpu_share.fit_to_share(index, count)[1]
+
+
+def header_lines(config: pytest.Config) -> list[str]:
+    """What the run's header says of the CPU share (:func:`conformance.cpu_share.header_lines`), as it
+    stood before this process was given its share."""
+    return config.stash.get(_HEADER, [])
 
 
 def group_of(nodeid: str) -> str:

@@ -64,7 +64,6 @@ import pytest
 from conformance import (
     compat,
     compilation_cache,
-    cpu_share,
     distributed,
     gpu_compiler,
     known_failures,
@@ -315,11 +314,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    return plugin_xdist.auto_num_workers()
+    return plugin_xdist.auto_num_workers(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return cpu_share.header_lines()
+    return plugin_xdist.header_lines(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -185,11 +185,11 @@ CHECKS = (
     Check(
         "tpu_native_values",
         check_values,
-        # every dtype on a ring of each dimensionality: a DMA window's bytes turn on the dtype, not the
-        # ring
+        # every dtype on the longest ring: a DMA window's bytes turn on the dtype, not the ring, and the
+        # neighbours a 2-D or 3-D mesh gives a kernel are the values check's on every mesh
         axes=Axes(
             case="tpu_native",
-            meshes="dimensions",
+            meshes="longest_ring",
             platforms=False,
             dtypes="dtypes",
             implementations=("pallas",),

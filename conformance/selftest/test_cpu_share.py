@@ -4,6 +4,7 @@ process given its own share of the cores, undone after."""
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,32 @@ def test_each_process_runs_on_its_own_share_and_is_given_its_cores_back(
     monkeypatch.setattr(cpu_share, "quota_cpus", lambda: 4.0)
     monkeypatch.setenv(cpu_share.OPT_OUT, "off")
     assert cpu_share.fit_to_share(0, 1)[0] is None and not calls, "CONFORMANCE_CPU_SHARE=off"
+
+
+def _config(*args: str, pyargs: bool = False, cwd: Path) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        args=list(args),
+        option=types.SimpleNamespace(pyargs=pyargs),
+        invocation_params=types.SimpleNamespace(dir=cwd),
+    )
+
+
+def test_one_cpu_runs_the_suite_in_its_own_process_and_leaves_other_suites_one_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a quota of one CPU or less a worker adds only its controller's cost to the suite's run;
+    another suite in the environment keeps xdist's one worker."""
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr(cpu_share, "visible_cpus", lambda: (0, 1, 2, 3))
+    monkeypatch.setattr(cpu_share, "quota_cpus", lambda: 0.5)
+    package = Path(plugin_xdist.__file__).resolve().parent
+    assert plugin_xdist.auto_num_workers(_config(str(package), cwd=tmp_path)) == 0
+    assert plugin_xdist.auto_num_workers(_config("conformance", cwd=package.parent)) == 0
+    assert plugin_xdist.auto_num_workers(_config(f"{package}/selftest::test_x", cwd=tmp_path)) == 0
+    assert plugin_xdist.auto_num_workers(_config("conformance", pyargs=True, cwd=tmp_path)) == 0
+    assert plugin_xdist.auto_num_workers(_config("tests", cwd=tmp_path)) == 1
+    assert plugin_xdist.auto_num_workers(_config(cwd=tmp_path)) == 1
+    assert "-n auto runs the tests in this process" in cpu_share.header_lines(workers=0)[0]
+    monkeypatch.setattr(cpu_share, "quota_cpus", lambda: 1.5)  # two CPUs: two workers, whatever runs
+    assert plugin_xdist.auto_num_workers(_config(str(package), cwd=tmp_path)) == 2
+    assert "-n auto starts 2 worker(s)" in cpu_share.header_lines()[0]
