@@ -245,9 +245,17 @@ CHECKS = (
         "races",
         check_races,
         # a race is in the kernel's semaphore and buffer protocol, which turns on the steps the ring
-        # takes (none, one, several each way, an odd split) and the mesh's kind: a mesh of each kind
+        # takes (none, one, several each way, an odd split) and the mesh's kind: the adversarial DMA
+        # order at the odd shape (both directions of a bidirectional ring carry rows) on a mesh of each
+        # kind; the eager order and the even shape on a ring of each dimensionality (8 devices: one
+        # step, steps past the semaphores in flight, neighbours over the other axes, a TPU's order)
         axes=Axes(
-            meshes="covering", shapes=True, dma_modes=True, platforms=False, implementations=("pallas",)
+            meshes="covering",
+            variants_on="dimensions",
+            shapes=True,
+            dma_modes=True,
+            platforms=False,
+            implementations=("pallas",),
         ),
         doc="Pallas kernels under TPU interpret mode with race detection, in both DMA modes.",
     ),

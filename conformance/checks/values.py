@@ -167,12 +167,11 @@ def check_eager(case: Case) -> None:
     )
 
 
-#: The eager check's meshes: a ring of 2 on an Auto mesh and one on the first axis of an Explicit 2-D
-#: mesh, which in a job of two processes is the axis across them, so that no process holds every
-#: block of an operand. What it catches is the kernel's Python on concrete arrays, which no longer
-#: ring shows more of; outside jit a shard_map body runs op by op (15 s for a bidirectional ring of 8
-#: here), so not every mesh.
-EAGER_MESHES = ("2-x-auto", "2x4-x-explicit")
+#: The eager check's mesh: a ring of 2 on the first axis of an Explicit 2-D mesh, which in a job of two
+#: processes is the axis across them, so that no process holds every block of an operand. What it
+#: catches is the kernel's Python on concrete arrays, which no longer ring and no other mesh shows more
+#: of; outside jit a shard_map body runs op by op (2.4 s for a bidirectional ring of 2 here), so one mesh.
+EAGER_MESHES = ("2x4-x-explicit",)
 
 CHECKS = (
     Check(
@@ -204,16 +203,19 @@ CHECKS = (
     Check(
         "dtype",
         check_dtype,
-        # every dtype at the odd fixed shape on one mesh of each kind (the even twin, whose defects need
-        # no dtype, is the float32 checks'); the values check draws dtypes and shapes on every mesh, so
-        # a dtype that goes wrong on one ring or shape alone still meets it
-        axes=Axes(meshes="covering", dtypes="dtypes"),
-        doc="Every dtype of the spec on one mesh of each kind at the odd fixed shape: the result has its "
-        "dtype, and each shard its values.",
+        # every dtype at the odd fixed shape on a ring of one, an odd ring and the longest: a kernel's dtypes
+        # turn on its ring's loop (a ring of one's shortcut that skips a cast, an odd ring's split, the hops
+        # a narrow accumulator overflows over), not on the mesh's shape or device order; the even twin's
+        # defects need no dtype (the float32 checks'); the values check draws dtypes and shapes on every
+        # mesh, so a dtype that goes wrong on one mesh alone still meets it
+        axes=Axes(meshes="loop_lengths", dtypes="dtypes"),
+        doc="Every dtype of the spec at the odd fixed shape on a ring of one, an odd ring and the longest: "
+        "the result has its dtype, and each shard its values.",
     ),
-    # a second run of the fixed case: what makes two runs differ (an unordered accumulation, a race) is
-    # the program's, not a ring length's: a mesh of each kind
-    Check("determinism", check_determinism, axes=Axes(meshes="covering", shapes=True)),
+    # a second run of the odd fixed case (which runs both directions of a bidirectional ring: 2 rows one
+    # way, 1 the other): what makes two runs differ (an unordered accumulation, a race) is the program's,
+    # not a ring length's or a shape's: a mesh of each kind; races at both shapes are the race check's
+    Check("determinism", check_determinism, axes=Axes(meshes="covering")),
     Check(
         "eager",
         check_eager,

@@ -67,6 +67,16 @@ def test_the_dimension_meshes_are_covering_and_a_ring_of_each_dimensionality() -
     assert any(c.device_order != "ids" for c in dims)
 
 
+def test_the_loop_length_meshes_are_covering_a_ring_of_one_an_odd_ring_and_the_longest() -> None:
+    rings = [parse_mesh(label) for label in meshes.LOOP_LENGTH_MESHES]
+    assert set(meshes.LOOP_LENGTH_MESHES) <= set(COVERING_MESHES)
+    sizes = {c.axis_size for c in rings}
+    assert min(sizes) == 1  # the loop does not run: a ring of one's shortcut
+    assert any(n % 2 and n >= 5 for n in sizes)  # an odd ring, several steps each way
+    assert max(sizes) == max(c.axis_size for c in STANDARD)  # the most hops to round or overflow over
+    assert {c.axis_type for c in rings} == {"auto", "explicit"}
+
+
 @pytest.mark.parametrize(
     "label", [*STANDARD_MESHES, "6-x-auto", "2x2x2-z-auto", "4-x-auto-v5e", "2x2-y-explicit-v5p"]
 )
