@@ -21,13 +21,13 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conformance import checks, claims, compat, registry, runner, specs, strategies
-from conformance.checks import gpu_compile, tpu_memory, tpu_pod, tpu_schedule
+from conformance.checks import autodiff, gpu_compile, tpu_memory, tpu_pod, tpu_schedule
 from conformance.checks.base import Axes, Check
-from conformance.fixtures.meshes import MeshConfig, parse_mesh
+from conformance.fixtures.meshes import STANDARD_MESHES, MeshConfig, parse_mesh
 from conformance.outcomes import run_here
 from conformance.run import run_check
 from conformance.runner import Case
@@ -37,8 +37,9 @@ from conformance.session import Session
 TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
 #: Hypothesis examples per mesh for the value and gradient checks, which are parametrized over every
 #: standard mesh (a defect that needs a ring of 3, of 8 or of one is then found by construction;
-#: hypothesis draws dims, dtype, seed and DMA mode, so the 26 meshes meet 26 draws): a tenth of the
-#: profile's (1 in CI, 20 under conformance-thorough). Each new shape is a compile.
+#: hypothesis draws dims, dtype, seed and DMA mode, each mesh's lists starting at their own entry, so
+#: the 26 meshes meet 26 different draws and every entry of every list: :mod:`conformance.strategies`):
+#: a tenth of the profile's (1 in CI, 20 under conformance-thorough). Each new shape is a compile.
 EXAMPLES_PER_MESH = max(1, strategies.suite_settings().max_examples // 10)
 #: The settings of the suite's hypothesis tests: the suite's profile, fewer examples per mesh.
 PER_MESH = settings(parent=strategies.suite_settings(), max_examples=EXAMPLES_PER_MESH)
@@ -122,13 +123,15 @@ def tpu_native_case(family: str, impl: str, mesh: MeshConfig, dtype: str) -> Cas
 def case_for(axes: Axes, family: str, implementation: str, params: dict) -> Case:
     """The case a test with ``axes`` checks, from its parameters (``data`` for a drawn case)."""
     platform, mesh = params.get("platform", "cpu"), params["mesh_config"]
-    if axes.case == "drawn":
-        return strategies.draw_case(params["data"], family, implementation, platform, mesh=mesh)
-    if axes.case == "drawn_gradients":
-        dtypes = specs.get(family).gradient_dtypes
-        return strategies.draw_case(
-            params["data"], family, implementation, platform, mesh=mesh, dtypes=dtypes
+    if axes.case in ("drawn", "drawn_gradients"):
+        draw = strategies.draw_number(mesh.label, axes.case, among=STANDARD_MESHES)
+        dtypes = specs.get(family).gradient_dtypes if axes.case == "drawn_gradients" else None
+        case = strategies.draw_case(
+            params["data"], family, implementation, platform, mesh=mesh, dtypes=dtypes, draw=draw
         )
+        if axes.case == "drawn_gradients":
+            assume(autodiff.gradients_judged_at(case))
+        return case
     if axes.case == "accuracy":
         return accuracy_case(family, implementation, platform, mesh, params["dtype"])
     if axes.case == "tpu_native":

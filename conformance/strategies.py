@@ -4,9 +4,23 @@ Sizes are drawn from short lists of small values rather than ranges: each
 distinct shape is a compile, so a short list lets examples share executables,
 while still covering the edge cases that matter (1 row per shard, odd rows, a
 contraction of 1, sizes that are not powers of two).
+
+Where each draw starts. Hypothesis tries the *simplest* example first (every list's first entry,
+every integer's lower bound) and shrinks a failure towards it; a test with one example per mesh
+(the value and gradient checks under the CI profile) would meet every mesh with that same case: 1
+row per shard (where a bidirectional ring has nothing to split), the first dtype, seed 0, the first
+DMA mode. So each drawn list starts, for the ``draw``-th mesh of a test, at its own entry
+(:func:`sampled`, :func:`integers`): consecutive meshes take consecutive entries, and every pass
+over a list is shifted, differently for each list, so two lists do not pair the same entries on
+every pass. The 26 standard meshes then meet every entry of every list by construction
+(``conformance/selftest/test_strategies.py`` holds it); a failure shrinks towards its mesh's start.
 """
 
 from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -17,6 +31,8 @@ from conformance import dtypes as dtypes_lib
 from conformance.fixtures.devices import devices_of
 from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig
 from conformance.runner import DMA_MODES, Case
+
+T = TypeVar("T")
 
 settings.register_profile(
     "conformance-ci",
@@ -65,9 +81,40 @@ def mesh_configs(platform: str = "cpu") -> st.SearchStrategy[MeshConfig]:
     return st.sampled_from(fitting)
 
 
-def dims(family: str, impl: str) -> st.SearchStrategy[dict[str, int]]:
+def draw_number(label: str, check: str, *, among: Sequence[str] = ()) -> int:
+    """Which draw of a test over meshes (or routes) this is: the position of ``label`` in ``among``
+    (the standard ones), else a hash of it; offset by the check's name, so that two checks of one
+    mesh start their lists at different entries."""
+    where = among.index(label) if label in among else zlib.crc32(label.encode())
+    return where + zlib.crc32(check.encode()) % 97
+
+
+def start_of(length: int, *, draw: int, position: int) -> int:
+    """The entry a list of ``length`` starts at for draw ``draw``, the ``position``-th list a case
+    draws: ``draw`` mod ``length``, each pass over the list shifted by ``position + 1`` more."""
+    return (draw + (position + 1) * (draw // length)) % length
+
+
+def sampled(values: Sequence[T], *, draw: int = 0, position: int = 0) -> st.SearchStrategy[T]:
+    """``st.sampled_from(values)``, rotated so that its simplest example is the entry
+    :func:`start_of` gives (``draw=0``: the first, as ``sampled_from``)."""
+    values = tuple(values)
+    k = start_of(len(values), draw=draw, position=position)
+    return st.sampled_from(values[k:] + values[:k])
+
+
+def integers(low: int, high: int, *, draw: int = 0, position: int = 0) -> st.SearchStrategy[int]:
+    """``st.integers(low, high)``, its simplest example moved as :func:`sampled` moves a list's."""
+    span = high - low + 1
+    k = start_of(span, draw=draw, position=position)
+    return st.integers(0, span - 1).map(lambda v: low + (v + k) % span)
+
+
+def dims(family: str, impl: str, *, draw: int = 0) -> st.SearchStrategy[dict[str, int]]:
     spec = registry.spec_of(family, impl)
-    return st.fixed_dictionaries({d: st.sampled_from(spec.values_of(d)) for d in spec.dims})
+    return st.fixed_dictionaries(
+        {d: sampled(spec.values_of(d), draw=draw, position=1 + i) for i, d in enumerate(spec.dims)}
+    )
 
 
 def tpu_layout_dims(family: str, impl: str) -> list[dict[str, int]]:
@@ -125,11 +172,13 @@ def draw_case(
     *,
     mesh: MeshConfig | None = None,
     dtypes: tuple[str, ...] | None = None,
+    draw: int = 0,
 ) -> Case:
     """Draw a whole case with labelled draws (hypothesis prints each label on failure).
 
     ``mesh``: the mesh, when the test is parametrized over meshes (so every one is covered by
-    construction); otherwise it is drawn too.
+    construction); otherwise it is drawn too. ``draw``: where each list starts (module doc,
+    :func:`draw_number`).
     """
     if mesh is None:
         mesh = data.draw(mesh_configs(platform), label="mesh")
@@ -147,14 +196,14 @@ def draw_case(
         dtypes = claimed
     else:  # a kernel that declares nothing claims the plain dtypes, not the mixed-precision pairs
         dtypes = tuple(d for d in dtypes if not dtypes_lib.is_mixed(d))
-    dtype = data.draw(st.sampled_from(dtypes), label="dtype")
-    drawn = tpu_native(family, impl, platform, data.draw(dims(family, impl), label="dims"))
+    dtype = data.draw(sampled(dtypes, draw=draw), label="dtype")
+    drawn = tpu_native(family, impl, platform, data.draw(dims(family, impl, draw=draw), label="dims"))
     try:
         drawn = claims.adapt(family, impl, platform=platform, mesh=mesh, dims=drawn, dtype=dtype)
     except claims.NotClaimed:  # nothing near the drawn dims: the fixed shape's (claimed) neighbour
         drawn = claims.adapt(family, impl, platform=platform, mesh=mesh, dims=canonical, dtype=dtype)
-    seed = data.draw(st.integers(0, 2**16), label="seed")
+    seed = data.draw(integers(0, 2**16, draw=draw), label="seed")
     dma_mode = None
     if registry.get(family, impl).pallas and platform == "cpu":
-        dma_mode = data.draw(st.sampled_from(DMA_MODES), label="dma_mode")
+        dma_mode = data.draw(sampled(DMA_MODES, draw=draw, position=len(spec.dims) + 1), label="dma_mode")
     return Case.make(family, impl, mesh, drawn, dtype, platform=platform, seed=seed, dma_mode=dma_mode)

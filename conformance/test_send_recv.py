@@ -16,7 +16,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import claims, distributed, family_tests, plugin_report, registry, results, transfers
+from conformance import (
+    claims,
+    distributed,
+    family_tests,
+    plugin_report,
+    registry,
+    results,
+    strategies,
+    transfers,
+)
 from conformance.checks.base import Check
 from conformance.fixtures import devices as devices_lib
 from conformance.run import run_check
@@ -94,15 +103,16 @@ def test_values(request, implementation: str, platform: str, route: Route, layou
 @family_tests.PER_MESH
 @given(data=st.data())
 def test_values_drawn(request, implementation: str, platform: str, route: Route, data: st.DataObject) -> None:
-    """Drawn shapes (rank 1 to 3, 0 to 5 rows per shard), dtypes and seeds."""
-    rank = data.draw(st.integers(1, 3), label="rank")
-    per_shard = data.draw(st.integers(0, 5), label="rows per shard")
-    rest = tuple(
-        data.draw(st.lists(st.integers(1, 5), min_size=rank - 1, max_size=rank - 1), label="other dims")
-    )
+    """Drawn shapes (rank 1 to 3, 0 to 5 rows per shard), dtypes and seeds; each route starts every
+    list at its own entry (:mod:`conformance.strategies`), so the routes meet different draws."""
+    draw = strategies.draw_number(route.label, "values_drawn", among=[r.label for r in ROUTES])
+    rank = data.draw(strategies.integers(1, 3, draw=draw), label="rank")
+    per_shard = data.draw(strategies.integers(0, 5, draw=draw, position=1), label="rows per shard")
+    other = strategies.integers(1, 5, draw=draw, position=2)
+    rest = tuple(data.draw(st.lists(other, min_size=rank - 1, max_size=rank - 1), label="other dims"))
     declared = registry.get(FAMILY, implementation).dtypes
-    dtype = data.draw(st.sampled_from(declared or SEND_RECV.dtypes), label="dtype")
-    seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    dtype = data.draw(strategies.sampled(declared or SEND_RECV.dtypes, draw=draw, position=3), label="dtype")
+    seed = data.draw(strategies.integers(0, 2**31 - 1, draw=draw), label="seed")
     axes = route.axis_names
     layout = Layout("drawn", (per_shard * route.size, *rest), transfers.P(axes if len(axes) > 1 else axes[0]))
     run(

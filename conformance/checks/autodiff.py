@@ -67,6 +67,21 @@ def check_gradients(case: Case) -> None:
         compare_shards(case, "gradients", grad, exp, tol, what=name)
 
 
+def gradients_judged_at(case: Case) -> bool:
+    """Whether the gradients' worst-case bound says something at ``case``'s dims and dtype (it turns
+    on them alone: a contraction of 256 in bfloat16 is ``n * u >= 1``). A drawn gradient case where
+    it does not is not drawn (hypothesis draws another); the backward_accuracy check judges those."""
+    spec = case.spec
+    if spec.vjp_tolerance is None:
+        return True
+    zeros = [np.zeros(shape) for shape in case.operand_shapes]
+    try:
+        spec.vjp_tolerance(*zeros, np.zeros(case.out_shape), case.dtype)
+    except tolerances.Unbounded:
+        return False
+    return True
+
+
 #: The usual cause of an unneeded all-reduce in a backward pass, for the failure message.
 DEFENSIVE_ALL_REDUCE_HINT = (
     "an all-reduce here is typically the defensive psum shard_map adds in the backward of an output "
