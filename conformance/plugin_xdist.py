@@ -137,6 +137,20 @@ def group_of(nodeid: str) -> str:
     return f"{path}::{impl}::{mesh.group(1) if mesh else ''}"
 
 
+def in_groups(items: list[pytest.Item], ours: Callable[[pytest.Item], bool]) -> list[pytest.Item]:
+    """``items`` with the suite's tests of one scheduling group (:func:`group_of`) together, groups in
+    the order they first appear and tests in a group in their own order; any other test keeps its
+    place among the groups. One process then runs a group as an xdist worker does, so what one
+    implementation on one mesh shares (its trace, its lowerings for TPU and CUDA, the fixed shapes'
+    run) is used while it is held: the runner's bounded caches held it for one check's tests only."""
+    first: dict[str, int] = {}
+    keys = [group_of(item.nodeid) if ours(item) else item.nodeid for item in items]
+    for key in keys:
+        first.setdefault(key, len(first))
+    order = sorted(range(len(items)), key=lambda i: first[keys[i]])
+    return [items[i] for i in order]
+
+
 def report_payload(log: results.RunLog, meta: dict[str, Any]) -> dict[str, Any]:
     """What a worker's test report carries for the controller: the test's id parts and the records
     made since the last report."""

@@ -460,6 +460,7 @@ class _DevicesAfterCollection:
             _meta(item)
         if not ours:
             return  # a session without the suite's tests: JAX is left exactly as the user set it
+        items[:] = plugin_xdist.in_groups(items, _is_conformance_item)
         # In a job, each process has the devices the job gave it (launch: --devices-per-process);
         # asking for 8 here would give every process 8 and keep every mesh inside process 0.
         problem = (

@@ -58,6 +58,25 @@ def test_a_group_is_one_implementation_on_one_mesh(nodeid: str, group: str) -> N
     assert plugin_xdist.group_of(nodeid) == group
 
 
+def test_one_process_runs_a_group_at_a_time_and_leaves_other_tests_in_place() -> None:
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    ids = [
+        "conformance/test_all_gather.py::test_values[ring-8-x-auto-cpu]",
+        "conformance/test_all_gather.py::test_values[ring-1-x-explicit-cpu]",
+        "tests/test_mine.py::test_first",
+        "conformance/test_all_gather.py::test_dtype[ring-8-x-auto-odd-int8-cpu]",
+        "conformance/test_all_gather.py::test_dtype[ring-1-x-explicit-odd-int8-cpu]",
+        "tests/test_mine.py::test_second",
+        "conformance/test_all_gather.py::test_races[ring-8-x-auto-on_wait-odd]",
+    ]
+    items = [Item(i) for i in ids]
+    ordered = plugin_xdist.in_groups(items, lambda item: item.nodeid.startswith("conformance/"))
+    assert [ids.index(i.nodeid) for i in ordered] == [0, 3, 6, 1, 4, 2, 5]
+
+
 def _section(stdout: str, title: str) -> list[str]:
     """The lines of the terminal section ``title`` (to the next section or the final line)."""
     lines = stdout.splitlines()
