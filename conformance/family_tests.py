@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from conformance import checks, claims, compat, registry, runner, specs, strategies
 from conformance.checks import autodiff, gpu_compile, tpu_memory, tpu_pod, tpu_schedule
 from conformance.checks.base import Axes, Check
-from conformance.fixtures.meshes import STANDARD_MESHES, MeshConfig, parse_mesh
+from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
 from conformance.outcomes import run_here
 from conformance.run import run_check
 from conformance.runner import Case
@@ -36,10 +36,11 @@ from conformance.session import Session
 #: TPU layout: the tiling depends on shard shapes, not on the mesh; one ring of 4 shows it.
 TPU_LAYOUT_MESH = parse_mesh("4-x-explicit")
 #: Hypothesis examples per mesh for the value and gradient checks, which are parametrized over every
-#: standard mesh (a defect that needs a ring of 3, of 8 or of one is then found by construction;
-#: hypothesis draws dims, dtype, seed and DMA mode, each mesh's lists starting at their own entry, so
-#: the 26 meshes meet 26 different draws and every entry of every list: :mod:`conformance.strategies`):
-#: a tenth of the profile's (1 in CI, 20 under conformance-thorough). Each new shape is a compile.
+#: standard mesh and over a mesh of each kind (a defect that needs a ring of 3, of 8 or of one is then
+#: found by construction; hypothesis draws dims, dtype, seed and DMA mode, each mesh's lists starting at
+#: their own entry, so the meshes meet different draws and every entry of every list:
+#: :mod:`conformance.strategies`): a tenth of the profile's (1 in CI, 20 under conformance-thorough).
+#: Each new shape is a compile.
 EXAMPLES_PER_MESH = max(1, strategies.suite_settings().max_examples // 10)
 #: The settings of the suite's hypothesis tests: the suite's profile, fewer examples per mesh.
 PER_MESH = settings(parent=strategies.suite_settings(), max_examples=EXAMPLES_PER_MESH)
@@ -124,7 +125,8 @@ def case_for(axes: Axes, family: str, implementation: str, params: dict) -> Case
     """The case a test with ``axes`` checks, from its parameters (``data`` for a drawn case)."""
     platform, mesh = params.get("platform", "cpu"), params["mesh_config"]
     if axes.case in ("drawn", "drawn_gradients"):
-        draw = strategies.draw_number(mesh.label, axes.case, among=STANDARD_MESHES)
+        among = MESH_SETS[axes.meshes] if isinstance(axes.meshes, str) else axes.meshes
+        draw = strategies.draw_number(mesh.label, among=among)
         dtypes = specs.get(family).gradient_dtypes if axes.case == "drawn_gradients" else None
         case = strategies.draw_case(
             params["data"], family, implementation, platform, mesh=mesh, dtypes=dtypes, draw=draw

@@ -81,12 +81,11 @@ def mesh_configs(platform: str = "cpu") -> st.SearchStrategy[MeshConfig]:
     return st.sampled_from(fitting)
 
 
-def draw_number(label: str, check: str, *, among: Sequence[str] = ()) -> int:
+def draw_number(label: str, *, among: Sequence[str] = ()) -> int:
     """Which draw of a test over meshes (or routes) this is: the position of ``label`` in ``among``
-    (the standard ones), else a hash of it; offset by the check's name, so that two checks of one
-    mesh start their lists at different entries."""
-    where = among.index(label) if label in among else zlib.crc32(label.encode())
-    return where + zlib.crc32(check.encode()) % 97
+    (the set the test runs on), else a hash of it (a mesh given with ``--meshes``). A set of ``n``
+    meshes then meets every entry of each list of ``n`` entries or fewer (:func:`start_of`)."""
+    return among.index(label) if label in among else zlib.crc32(label.encode())
 
 
 def start_of(length: int, *, draw: int, position: int) -> int:

@@ -105,7 +105,7 @@ def test_values(request, implementation: str, platform: str, route: Route, layou
 def test_values_drawn(request, implementation: str, platform: str, route: Route, data: st.DataObject) -> None:
     """Drawn shapes (rank 1 to 3, 0 to 5 rows per shard), dtypes and seeds; each route starts every
     list at its own entry (:mod:`conformance.strategies`), so the routes meet different draws."""
-    draw = strategies.draw_number(route.label, "values_drawn", among=[r.label for r in ROUTES])
+    draw = strategies.draw_number(route.label, among=[r.label for r in ROUTES])
     rank = data.draw(strategies.integers(1, 3, draw=draw), label="rank")
     per_shard = data.draw(strategies.integers(0, 5, draw=draw, position=1), label="rows per shard")
     other = strategies.integers(1, 5, draw=draw, position=2)

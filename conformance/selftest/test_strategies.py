@@ -15,29 +15,33 @@ from hypothesis import strategies as st
 
 from conformance import family_tests, registry, specs, strategies
 from conformance.checks.base import Axes
-from conformance.fixtures.meshes import STANDARD_MESHES, MeshConfig, parse_mesh
+from conformance.fixtures.meshes import COVERING_MESHES, STANDARD_MESHES, MeshConfig, parse_mesh
 from conformance.runner import DMA_MODES, Case
 
 pytestmark = pytest.mark.selftest
 
 STANDARD = [parse_mesh(label) for label in STANDARD_MESHES]
+#: The meshes each drawn check runs on (its Axes).
+MESHES = {"drawn": "standard", "drawn_gradients": "covering"}
 
 
 def first_draws(family: str, impl: str, case_kind: str) -> list[Case]:
-    """The case each standard mesh's test draws first under the suite's profile (all of them, in
+    """The case each mesh of the check's set draws first under the suite's profile (all of them, in
     the CI profile's one example per mesh)."""
-    return [_first_draw(family, impl, case_kind, mesh) for mesh in STANDARD]
+    labels = STANDARD_MESHES if MESHES[case_kind] == "standard" else COVERING_MESHES
+    return [_first_draw(family, impl, case_kind, parse_mesh(label)) for label in labels]
 
 
 def _first_draw(family: str, impl: str, case_kind: str, mesh: MeshConfig) -> Case:
     cases: list[Case] = []
+    axes = Axes(case=case_kind, meshes=MESHES[case_kind])
 
     @family_tests.PER_MESH
     @given(data=st.data())
     def draw(data: st.DataObject) -> None:
         if not cases:
             params = {"platform": "cpu", "mesh_config": mesh, "data": data}
-            cases.append(family_tests.case_for(Axes(case=case_kind), family, impl, params))
+            cases.append(family_tests.case_for(axes, family, impl, params))
 
     draw()
     return cases[0]
@@ -61,10 +65,18 @@ def test_the_meshes_meet_every_entry_of_every_drawn_list(family: str, impl: str)
     assert len({c.seed for c in values}) == len(values)
     if registry.get(family, impl).pallas:
         assert {c.dma_mode for c in values} == set(DMA_MODES)
-    gradients = first_draws(family, impl, "drawn_gradients")
+    if not registry.get(family, impl).differentiable:
+        return
+    gradients = first_draws(family, impl, "drawn_gradients")  # on the 7 covering meshes
     assert {c.dtype for c in gradients} == set(spec.gradient_dtypes)
+    rows = {dict(c.dims)["rows_per_shard"] for c in gradients}
+    assert rows == set(spec.values_of("rows_per_shard")), f"rows per shard: the meshes met {sorted(rows)}"
+    for dim in spec.dims:  # a draw the bound says nothing of is drawn again (cols 256 in bfloat16)
+        met = {dict(c.dims)[dim] for c in gradients}
+        assert len(met) >= min(3, len(spec.values_of(dim))), f"{dim}: the meshes met {sorted(met)}"
     # The two checks of one mesh draw different cases.
-    assert sum(v.dims == g.dims for v, g in zip(values, gradients, strict=True)) < len(values) // 2
+    same = [v for v in values if v.mesh.label in COVERING_MESHES]
+    assert sum(v.dims == g.dims for v, g in zip(same, gradients, strict=True)) < len(gradients) // 2
 
 
 def test_a_bidirectional_ring_splits_its_rows_on_most_meshes() -> None:
