@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-from conformance import claims, registry, specs
+from conformance import claims, registry
 from conformance import dtypes as dtypes_lib
 from conformance.fixtures.devices import devices_of
 from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig
@@ -157,10 +157,6 @@ def fixed_dims(
         return odd
     dims = dims_of(shape, avoid=odd)
     return None if dims == odd else dims
-
-
-def family_dtypes(family: str) -> st.SearchStrategy[str]:
-    return st.sampled_from(specs.get(family).dtypes)
 
 
 def draw_case(
