@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance import bench, checks, compat, target_compiles
+from conformance import bench, checks, compat, runner, target_compiles
 from conformance import session as session_lib
 from conformance.checks.base import Check, compile_timeout_failure
 from conformance.runner import Case
@@ -90,7 +90,13 @@ def resolve(check: Check | str) -> Check:
 
 
 def run_here(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
-    """Run ``check`` on ``case`` in this process, with ``session`` active."""
+    """Run ``check`` on ``case`` in this process, with ``session`` active; the runner's caches hold
+    one implementation on one mesh at a time (:func:`conformance.runner.release_cases`)."""
+    if isinstance(case, Case):  # a send_recv transfer compiles nothing the runner holds
+        held = runner.held_for(case)
+        if session.held not in (None, held):
+            runner.release_cases()
+        session.held = held
     with session.active():
         try:
             try:

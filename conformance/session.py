@@ -121,6 +121,9 @@ class Session:
         #: The compiles for TPU and GPU topologies given up past ``compile_timeout_s``, each in a
         #: thread that may still run: what they were.
         self.abandoned_compiles: list[str] = []
+        #: The implementation, mesh and platform whose programs the runner holds
+        #: (:func:`conformance.runner.held_for`), once a check has run in this process.
+        self.held: Any = None
 
     def activate(self) -> Callable[[], None]:
         """Make this session :func:`current`; returns the closure that undoes it."""
