@@ -1,6 +1,7 @@
 """pytest-xdist: a run split over worker processes reports what the same run in one process
 reports (outcomes, tables, failures by cause, stale known-failure lines), its scheduler keeps one
-implementation's tests on one mesh together, and a multi-process JAX job refuses ``-n``.
+implementation's tests on one mesh together (and the runner holds one such group's programs at a
+time), and a multi-process JAX job refuses ``-n``.
 
 The sub-runs are separate pytest processes with the suite's plugin loaded as a user gets it, on a
 correct kernel and one that adds one to every element (it fails its value checks on every mesh).
@@ -75,6 +76,30 @@ def test_one_process_runs_a_group_at_a_time_and_leaves_other_tests_in_place() ->
     items = [Item(i) for i in ids]
     ordered = plugin_xdist.in_groups(items, lambda item: item.nodeid.startswith("conformance/"))
     assert [ids.index(i.nodeid) for i in ordered] == [0, 3, 6, 1, 4, 2, 5]
+
+
+def test_the_runner_holds_one_group_at_a_time() -> None:
+    """The checks of one implementation on one mesh share its run while they come one after another;
+    a check on another mesh drops what the runner held, so a whole run holds one group's programs."""
+    import conformance.kernels  # noqa: F401
+    from conformance import checks, runner
+    from conformance.family_tests import canonical_case
+    from conformance.fixtures.meshes import parse_mesh
+    from conformance.outcomes import run_here
+    from conformance.session import Session
+
+    session = Session()
+    ring = {
+        n: canonical_case("all_gather", "xla_all_gather", "cpu", parse_mesh(f"{n}-x-auto")) for n in (2, 4)
+    }
+    runner.release_cases()
+    ran = []
+    for check, n in (("output_sharding", 2), ("dtype", 2), ("output_sharding", 4)):
+        assert run_here(checks.CHECKS[check], ring[n], session).verdict == "passed"
+        ran.append(runner.execute_cached.cache_info())
+    # one run of the ring of 2, shared by its two checks; then the ring of 4's alone
+    assert [(i.hits, i.misses, i.currsize) for i in ran] == [(0, 1, 1), (1, 1, 1), (0, 1, 1)], ran
+    assert session.held == runner.held_for(ring[4])
 
 
 def _section(stdout: str, title: str) -> list[str]:
