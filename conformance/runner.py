@@ -473,8 +473,8 @@ def release_cases() -> None:
     than the last one's: the suite runs one implementation's tests on one mesh together
     (:func:`conformance.plugin_xdist.in_groups`), and they share what is held while it is. A whole
     ``tox -e cpu`` in one process then holds one such group's executables, not every one it compiled:
-    0.75 GB resident at its end against 1.8 GB, with 580,000 objects for each garbage collection to
-    walk against 930,000.
+    0.75 GB resident at its peak against 1.8 GB, and 580,000 objects at its end for each garbage
+    collection to walk against 930,000.
     """
     held = (jitted, _compiled, _compiled_pullback, _traced_for_targets, _lowered_for_target, execute_cached)
     for cache in held:
