@@ -23,6 +23,8 @@ PLATFORMS = pytest.StashKey[set]()
 MISSING_BACKENDS = pytest.StashKey[dict]()
 #: pytest's exit status, once the session finished.
 EXIT_STATUS = pytest.StashKey[int]()
+#: The report files the end of the run wrote (``None``) or could not (the error).
+WRITTEN = pytest.StashKey[dict]()
 
 
 def run_log(config: pytest.Config) -> results.RunLog:
@@ -205,10 +207,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
             tr.write_line(f"{s['file']}:{s['line']}: {s['pattern']}  ({s['kind']})")
     for line in _missing_backends(config):
         tr.write_line(line, yellow=True, bold=True)
-    for option in ("conformance_json", "conformance_html"):
-        path = config.getoption(option)
-        if path and log.outcomes:
+    for path, error in config.stash.get(WRITTEN, {}).items():
+        if error is None:
             tr.write_line(f"conformance: wrote {path}")
+        else:
+            tr.write_line(f"conformance: could not write {path}: {error}", red=True, bold=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -240,10 +243,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         stale=log.stale,
         command=results.command_line(list(config.invocation_params.args)),
     )
-    if json_path:
-        results.write_json(json_path, document)
-    if html_path:
-        results.write_html(html_path, document)
+    written = config.stash.setdefault(WRITTEN, {})
+    for path, write in ((json_path, results.write_json), (html_path, results.write_html)):
+        if not path:
+            continue
+        try:  # made writable at configure; a disk that filled since must not lose the run's summary
+            write(path, document)
+            written[path] = None
+        except OSError as e:
+            written[path] = f"{type(e).__name__}: {e}"
+            session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
 
 
 def _junit_xml(config: pytest.Config):

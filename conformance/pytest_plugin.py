@@ -261,6 +261,11 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
+    if not plugin_xdist.is_worker(config):  # the reports' files: refused now, not lost at the end
+        for option in ("conformance_json", "conformance_html"):
+            path, flag = config.getoption(option), "--" + option.replace("_", "-")
+            if path and (problem := results.report_path_problem(path, option=flag)):
+                raise pytest.UsageError(problem)
     compilers = [] if plugin_xdist.is_worker(config) else [tpu_compiler, gpu_compiler]  # the controller's
     if problem := target_compiles.check_user_options(run_settings.compiler_options, compilers):
         raise pytest.UsageError(problem)
@@ -305,7 +310,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(controller, "conformance-xdist")
     config.pluginmanager.register(plugin_report, "conformance-report")  # its hooks: the end of the run
     config.pluginmanager.register(pytest_fixtures, "conformance-fixtures")
-    plugin_kernels.import_modules(["conformance.kernels", *plugin_kernels.kernel_modules(config)])
+    try:
+        plugin_kernels.import_modules(["conformance.kernels", *plugin_kernels.kernel_modules(config)])
+    except plugin_kernels.KernelsModuleError as e:
+        raise pytest.UsageError(str(e)) from e
     pattern = config.getoption("impl")
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
         names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))

@@ -40,6 +40,8 @@ import datetime
 import html
 import json
 import math
+import os
+import pathlib
 import platform as platform_lib
 import re
 import sys
@@ -328,6 +330,26 @@ def to_json(
         "tables": [{"title": t.title, "lines": t.lines, "records": _jsonable(t.records)} for t in tables],
         "known_failures": {"stale": stale},
     }
+
+
+def report_path_problem(path: str, *, option: str) -> str | None:
+    """Make ``path`` a file the run can write at its end: its directory created if missing. ``None``
+    when it is, else the usage error naming ``option`` and why not (a directory, a directory that
+    cannot be made, one this user cannot write), so that a run is refused before it starts rather
+    than lost at its end."""
+    target = pathlib.Path(path)
+    if target.is_dir():
+        return f"{option}={path}: that is a directory; give the path of a file to write"
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"{option}={path}: cannot create its directory {str(parent)!r}: {e.strerror or e}"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{option}={path}: its directory {str(parent)!r} is not writable by this user"
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{option}={path}: the file exists and is not writable by this user"
+    return None
 
 
 def write_json(path: str, document: dict[str, Any]) -> None:
