@@ -4,26 +4,32 @@
     python -m conformance list [--kernels MODULE]
     python -m conformance launch --processes N [--devices-per-process K] [--timeout S] -- COMMAND...
 
-Every failure message ends with a ready-made ``replay`` line.
+Every failure message ends with a ready-made ``replay`` line. Bad input (a ``--kernels`` module that
+does not import, an unknown check, family or implementation, a case token that does not parse) is a
+usage error: one ``ERROR:`` line, the words pytest gives for it, and pytest's usage-error exit
+status, 4.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import difflib
 import os
 import sys
 
+from conformance import command_line
 from conformance.session import TIME_BOUNDS
 
 
 def _load(modules: list[str]) -> None:
-    from conformance import compat
+    from conformance import compat, plugin_kernels
     from conformance.fixtures.devices import CPU_DEVICE_COUNT
 
     compat.configure_cpu_devices(CPU_DEVICE_COUNT)  # before any backend starts
-    for module in ["conformance.kernels", *modules]:
-        importlib.import_module(module)
+    try:
+        plugin_kernels.import_modules(["conformance.kernels", *modules])
+    except plugin_kernels.KernelsModuleError as e:
+        raise command_line.UsageError(str(e)) from e
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         from conformance import launch
 
         return launch.main(argv[1:])
-    parser = argparse.ArgumentParser(
+    try:
+        return _main(argv)
+    except command_line.UsageError as e:
+        return command_line.report(e)
+
+
+def _main(argv: list[str]) -> int:
+    parser = command_line.Parser(
         prog="python -m conformance",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -43,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("family")
     replay.add_argument("impl")
     replay.add_argument("case", help="MESH:DIM=V,...:DTYPE:seed=S, as printed in the failure")
-    replay.add_argument("--platform", default="cpu")
+    replay.add_argument("--platform", default="cpu", choices=("cpu", "gpu", "tpu"))
     replay.add_argument("--kernels", action="append", default=[])
     for field, what in TIME_BOUNDS.items():
         flag = "--" + field.removesuffix("_s").replace("_", "-")
@@ -58,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     listing = sub.add_parser("list", help="list registered implementations per family")
     listing.add_argument("--kernels", action="append", default=[])
     args = parser.parse_args(argv)
-    _load([m for opt in args.kernels for m in opt.split(",") if m])
+    from conformance import plugin_kernels
+
+    _load(plugin_kernels.split_modules(args.kernels))
 
     from conformance import checks, registry, specs
     from conformance.run import run_check
@@ -88,23 +103,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.check not in checks.CHECKS:
-        parser.error(f"unknown check {args.check!r}; one of {', '.join(checks.CHECKS)}")
+        raise command_line.UsageError(f"unknown check {args.check!r}{_hint(args.check, checks.CHECKS)}")
     if args.family not in specs.FAMILIES:
-        print(f"unknown family {args.family!r}; known: {', '.join(specs.FAMILIES)}", file=sys.stderr)
-        return 2
+        raise command_line.UsageError(f"unknown family {args.family!r}{_hint(args.family, specs.FAMILIES)}")
     if args.family not in specs.shard_map_families():
-        print(
+        raise command_line.UsageError(
             f"{args.family}: its checks replay through pytest; each failure prints the command "
-            "(pytest 'PATH::TEST[ID]')",
-            file=sys.stderr,
+            "(pytest 'PATH::TEST[ID]')"
         )
-        return 2
     try:
         registry.get(args.family, args.impl)
     except registry.NotRegistered as missing:  # not the kernel's failure: the replay cannot find it
-        print(f"cannot replay: {missing}", file=sys.stderr)
-        return 2
-    case = Case.from_token(args.family, args.impl, args.case, platform=args.platform)
+        raise command_line.UsageError(f"cannot replay: {missing}") from missing
+    try:
+        case = Case.from_token(args.family, args.impl, args.case, platform=args.platform)
+    except ValueError as e:
+        raise command_line.UsageError(f"cannot replay: {e}") from e
     print("\n".join(case.describe()))
     bounds = {field: getattr(args, field.removesuffix("_s")) for field in TIME_BOUNDS}
     settings = Settings(isolation=args.isolation, **{k: v for k, v in bounds.items() if v is not None})
@@ -126,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"\nPASSED {args.check}")
     return 0
+
+
+def _hint(word: str, known) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{hint}; known: {', '.join(known)}"
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from conformance import command_line
+
 #: Environment the launcher gives each rank (read by :mod:`conformance.distributed`).
 PROCESS_ID = "CONFORMANCE_PROCESS_ID"
 NUM_PROCESSES = "CONFORMANCE_NUM_PROCESSES"
@@ -126,7 +128,7 @@ def launch(
 ) -> int:
     """Run ``command`` as ``processes`` ranks; return the job's exit status (see module docstring)."""
     if processes < 1 or devices_per_process < 1:
-        raise ValueError("--processes and --devices-per-process must be at least 1")
+        raise command_line.UsageError("--processes and --devices-per-process must be at least 1")
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="conformance-launch-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -249,7 +251,7 @@ def _follow(path: Path, offset: int, out) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = command_line.Parser(
         prog="python -m conformance launch",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -263,10 +265,13 @@ def main(argv: list[str]) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command: put it after --, e.g. -- pytest conformance -m cpu")
-    return launch(
-        command,
-        processes=args.processes,
-        devices_per_process=args.devices_per_process,
-        timeout=args.timeout,
-        log_dir=args.log_dir,
-    )
+    try:
+        return launch(
+            command,
+            processes=args.processes,
+            devices_per_process=args.devices_per_process,
+            timeout=args.timeout,
+            log_dir=args.log_dir,
+        )
+    except command_line.UsageError as e:
+        return command_line.report(e)

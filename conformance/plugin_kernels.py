@@ -1,6 +1,7 @@
 """The kernels modules of ``--kernels``: imported before collection, so their registrations join the
 run; one that does not import is a usage error saying what it raised, where in the user's code, and
-for a module Python cannot find, where Python looks."""
+for a module Python cannot find, where Python looks. The same for pytest and for ``python -m
+conformance`` (:class:`KernelsModuleError`, which each turns into its own usage error)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,21 @@ import pytest
 
 def kernel_modules(config: pytest.Config) -> list[str]:
     """The modules ``--kernels`` names (comma-separated, the option repeatable)."""
-    return [m.strip() for opt in config.getoption("kernels") for m in opt.split(",") if m.strip()]
+    return split_modules(config.getoption("kernels"))
+
+
+def split_modules(options: list[str]) -> list[str]:
+    """The module names of repeated ``--kernels=A,B`` options, in order."""
+    return [m.strip() for opt in options for m in opt.split(",") if m.strip()]
+
+
+class KernelsModuleError(Exception):
+    """A ``--kernels`` module that does not import; the message is the usage error (:func:`import_error`)."""
 
 
 def import_modules(modules: list[str]) -> None:
     """Import each of ``modules``, from ``sys.path`` and then the current directory (the ``pytest``
-    command, unlike ``python -m pytest``, does not put it on the path); :class:`pytest.UsageError`
+    command, unlike ``python -m pytest``, does not put it on the path); :class:`KernelsModuleError`
     (:func:`import_error`) at the first that raises anything: an ImportError, its own SyntaxError, a
     ``register`` call it makes badly."""
     for module in modules:
@@ -32,7 +42,7 @@ def import_modules(modules: list[str]) -> None:
                 sys.path.append(os.getcwd())
                 importlib.import_module(module)
         except Exception as e:
-            raise pytest.UsageError(import_error(module, e)) from e
+            raise KernelsModuleError(import_error(module, e)) from e
 
 
 def import_error(module: str, error: BaseException) -> str:
@@ -41,7 +51,7 @@ def import_error(module: str, error: BaseException) -> str:
     if isinstance(error, ModuleNotFoundError) and error.name and module.startswith(error.name):
         return (
             f"--kernels: cannot import {module!r}: {error}. It is imported by name, from sys.path and the "
-            f"current directory ({os.getcwd()}): run pytest from the directory that holds it, put that "
+            f"current directory ({os.getcwd()}): run the command from the directory that holds it, put that "
             "directory on PYTHONPATH, or install the package that holds it"
         )
     where = ""

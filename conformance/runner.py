@@ -110,6 +110,9 @@ class Case:
         except ValueError as e:
             expected = "MESH:DIM=V,...:DTYPE:seed=S[:dma=MODE]"
             raise ValueError(f"bad case token {token!r}; expected {expected}") from e
+        known = registry.spec_of(family, impl).dtypes
+        if dtype not in known:
+            raise ValueError(f"bad case token {token!r}: dtype {dtype!r} is not one of {family}'s {known}")
         return cls.make(
             family, impl, parse_mesh(mesh_label), dims, dtype, platform=platform, seed=seed, dma_mode=dma_mode
         )

@@ -9,7 +9,6 @@ plugin loaded as a user gets it (entry point), on one small implementation each.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -307,6 +306,28 @@ def test_a_kernels_module_that_does_not_import_is_one_usage_error(tmp_path: Path
     assert sum(says[0] in line for line in output.splitlines()) <= 2, output
 
 
+@pytest.mark.parametrize("how", ["one-process", "xdist"])
+def test_report_paths_are_made_before_the_run_or_refused(tmp_path: Path, how: str) -> None:
+    """A report's directory is created at the start; a path that cannot be written is a usage error
+    then, never a traceback after the run."""
+    args = ("-m", "cpu", "--impl=opt_gather", "-k", "test_determinism and 1-x-explicit")
+    made = ("--conformance-json=results/deep/c.json", "--conformance-html=results/c.html")
+    done = _pytest(tmp_path, *args, *made, how=how)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads((tmp_path / "results/deep/c.json").read_text())["counts"]["passed"] >= 1
+    assert (tmp_path / "results/c.html").read_text().startswith("<!DOCTYPE html>")
+    assert "conformance: wrote results/deep/c.json" in done.stdout, done.stdout[-2000:]
+    (tmp_path / "a_file").write_text("")
+    for option, says in (
+        ("--conformance-html=results", "--conformance-html=results: that is a directory"),
+        ("--conformance-json=a_file/c.json", "--conformance-json=a_file/c.json: cannot create its directory"),
+    ):
+        done = _pytest(tmp_path, *args, option, how=how)
+        assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+        assert says in done.stderr and "Traceback" not in done.stdout + done.stderr, done.stderr[-2000:]
+        assert "passed" not in done.stdout, done.stdout[-2000:]
+
+
 def test_a_kernels_module_in_the_current_directory_imports_without_it_on_the_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -347,28 +368,71 @@ def test_a_backend_started_during_collection_is_named_with_the_rule(tmp_path: Pa
     ]
 
 
-def test_replay_of_an_unregistered_implementation_is_not_a_kernel_failure(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "conformance",
-            "replay",
-            "values",
-            "all_gather",
-            "no_such_kernel",
-            "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0",
-        ],
+def _command(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.CompletedProcess:
+    """``python -m conformance ARGS`` from ``tmp_path``, which holds ``opt_kernels.py``."""
+    (tmp_path / "opt_kernels.py").write_text(textwrap.dedent(kernels))
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", *args],
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env=subprocess_env(),
         cwd=tmp_path,
     )
-    assert done.returncode == 2, done.stdout + done.stderr
+
+
+def test_replay_of_an_unregistered_implementation_is_not_a_kernel_failure(tmp_path: Path) -> None:
+    token = "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0"
+    done = _command(tmp_path, "replay", "values", "all_gather", "no_such_kernel", token)
+    assert done.returncode == 4, done.stdout + done.stderr
     assert "cannot replay: no implementation 'no_such_kernel' of 'all_gather' is registered" in done.stderr
     assert "--kernels" in done.stderr and "FAILED" not in done.stdout
+
+
+GATHER_TOKEN = "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0"
+#: Bad input to ``python -m conformance``, and what its one usage error says.
+BAD_COMMANDS = {
+    "a kernels module not found": (("list", "--kernels=does_not_exist"), "cannot import 'does_not_exist'"),
+    **{
+        f"a kernels module with {bad}": (("list", "--kernels=opt_kernels"), BAD_KERNEL_MODULES[bad][1])
+        for bad in BAD_KERNEL_MODULES
+    },
+    "a case token that does not parse": (
+        ("replay", "values", "all_gather", "opt_gather", "garbage", "--kernels=opt_kernels"),
+        "cannot replay: bad case token 'garbage'; expected MESH:DIM=V,...:DTYPE:seed=S",
+    ),
+    "a dtype the family does not have": (
+        ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("float32", "float33")),
+        "dtype 'float33' is not one of all_gather's",
+    ),
+    "a misspelt mesh": (
+        ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("auto", "atuo")),
+        "cannot replay: bad mesh label '2-x-atuo'",
+    ),
+    "a misspelt check": (
+        ("replay", "valuez", "all_gather", "opt_gather", GATHER_TOKEN),
+        "unknown check 'valuez' (did you mean 'values'?)",
+    ),
+    "a misspelt family": (
+        ("replay", "values", "allgather", "opt_gather", GATHER_TOKEN),
+        "unknown family 'allgather' (did you mean 'all_gather'?)",
+    ),
+    "a missing argument": (("replay", "values"), "the following arguments are required"),
+    "a launch of no process": (("launch", "--processes", "0", "--", "true"), "must be at least 1"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_COMMANDS))
+def test_bad_input_to_the_command_line_is_one_usage_error(tmp_path: Path, bad: str) -> None:
+    """The command line answers bad input as pytest does: one ``ERROR:`` line, exit status 4."""
+    args, says = BAD_COMMANDS[bad]
+    source = next((BAD_KERNEL_MODULES[b][0] for b in BAD_KERNEL_MODULES if bad.endswith(b)), KERNELS)
+    done = _command(tmp_path, *args, kernels=source)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR: ")]
+    assert len(errors) == 1 and says in errors[0], done.stderr
+    assert "FAILED" not in done.stdout, done.stdout
 
 
 ABSLTEST = """
