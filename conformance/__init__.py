@@ -21,9 +21,12 @@ Run the checks with ``pytest --pyargs conformance -m cpu --kernels=MODULE[,MODUL
 Importing this package starts no JAX backend.
 """
 
-from conformance.mosaic import TpuConstraintError
-from conformance.mosaic import refuse as refuse_on_tpu
-from conformance.registry import Implementation, implementations, multiples_of, register, registered
+from conformance import native_logs
+
+with native_logs.filtered():  # the first import of JAX, where its CUDA plugin may log on a host without CUDA
+    from conformance.mosaic import TpuConstraintError
+    from conformance.mosaic import refuse as refuse_on_tpu
+    from conformance.registry import Implementation, implementations, multiples_of, register, registered
 
 __all__ = [
     "Implementation",

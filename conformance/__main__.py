@@ -22,10 +22,17 @@ from conformance.session import TIME_BOUNDS
 
 
 def _load(modules: list[str]) -> None:
-    from conformance import compat, plugin_kernels
+    """What the pytest plugin does at start, before any backend starts: the simulated CPU devices, the
+    compile-only starts of libtpu and of JAX's CUDA plugin (with no TPU-VM or CUDA start-up errors), a
+    mocked GPU topology; then the built-ins and ``modules``."""
+    from conformance import compat, gpu_compiler, plugin_kernels, tpu_compiler
     from conformance.fixtures.devices import CPU_DEVICE_COUNT
 
-    compat.configure_cpu_devices(CPU_DEVICE_COUNT)  # before any backend starts
+    compat.configure_cpu_devices(CPU_DEVICE_COUNT)
+    tpu_compiler.chipless_start()
+    gpu_compiler.deviceless_start()
+    gpu_compiler.configure_from_environment()
+    compat.start_backends()
     try:
         plugin_kernels.import_modules(["conformance.kernels", *modules])
     except plugin_kernels.KernelsModuleError as e:

@@ -58,6 +58,15 @@ def allow_arrays_without_local_shards() -> None:
         jax.config.update("jax_enable_empty_arrays", True)
 
 
+def start_backends() -> None:
+    """Start JAX's backends now (once the device count is set), keeping what native libraries log as
+    they load on a host without their hardware out of the run's output (:mod:`conformance.native_logs`)."""
+    from conformance import native_logs
+
+    with native_logs.filtered():
+        jax.devices()
+
+
 def ensure_cpu_devices(count: int) -> str | None:
     """Ask for ``count`` simulated CPU devices if no backend has started; ``None`` if the host
     then has (or already had) at least ``count``, else what went wrong, in words."""

@@ -9,8 +9,9 @@ nothing:
    without CUDA's libraries), ``jax.experimental.topologies.get_topology_desc(platform="cuda",
    topology="1x1x8", target_config=...)`` describes 8 GPUs of one host from a target config (a
    ``GpuTargetConfigProto`` in text form: :data:`TARGETS`, read off a real device), without a GPU.
-   A host without CUDA's libraries needs
-   ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` (set before JAX starts) or the plugin refuses to load.
+   A host without CUDA's libraries needs ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` before JAX loads the
+   plugin, or the plugin does not register: :func:`deviceless_start` sets it on a host with no
+   NVIDIA GPU (the pytest plugin and ``python -m conformance`` call it at start).
 2. **On one GPU** (:func:`use_mock_topology`, before the backend starts): ``jax_mock_gpu_topology``
    (``"1x8x1"``: 8 hosts of 1 GPU) makes the one GPU's client compile for 8 (the process then
    believes itself one of 8: run only the ``gpu_compile`` tests so). :func:`topologies_for` then
@@ -26,12 +27,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import glob
 import importlib.metadata
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +92,7 @@ def plugin_version() -> str | None:
 
 def install_command() -> str:
     """What installs the CUDA plugin the installed JAX pins, without CUDA's libraries."""
-    return (
-        f'pip install "jax[cuda12-local]=={jax.__version__}" (or "jax-collective-conformance[gpu-compile]"), '
-        "with JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 set where CUDA's libraries are absent"
-    )
+    return f'pip install "jax[cuda12-local]=={jax.__version__}" (or the suite\'s gpu-compile extra)'
 
 
 def mock_topology() -> str | None:
@@ -107,6 +106,35 @@ def use_mock_topology(topology: str) -> None:
     if not re.fullmatch(r"\d+x\d+x\d+", topology):
         raise ValueError(f"{MOCK_VARIABLE}={topology!r}: expected <slices>x<hosts per slice>x<GPUs per host>")
     jax.config.update("jax_mock_gpu_topology", topology)
+
+
+#: Set where unset before JAX loads its CUDA plugin on a host with no NVIDIA GPU (route 1): the plugin
+#: otherwise checks CUDA's libraries as it loads, and where they are absent (the ``gpu-compile`` extra
+#: installs none) it does not register, so that JAX answers "topology not implemented for cuda".
+DEVICELESS_START = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}
+
+
+def nvidia_gpus_here() -> bool:
+    """Whether this host has an NVIDIA GPU its driver exposes (``/dev/nvidia0``...), read without
+    starting any backend."""
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/proc/driver/nvidia/version")
+
+
+def deviceless_start() -> Callable[[], None]:
+    """On a host without an NVIDIA GPU where JAX's CUDA plugin is installed, before it loads: set
+    :data:`DEVICELESS_START` where unset (this process and those it starts), so that route 1 opens
+    with no step of the user's; a GPU host is left as it is (there the plugin's check of CUDA's
+    libraries is worth its words). Returns the closure that undoes it."""
+    if plugin_version() is None or nvidia_gpus_here():
+        return lambda: None
+    added = {k: v for k, v in DEVICELESS_START.items() if k not in os.environ}
+    os.environ.update(added)
+
+    def undo() -> None:
+        for key in added:
+            os.environ.pop(key, None)
+
+    return undo
 
 
 def configure_from_environment() -> None:

@@ -55,6 +55,7 @@ import atexit
 import datetime
 import fnmatch
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -246,6 +247,7 @@ def pytest_configure(config: pytest.Config) -> None:
     gpu_compiler.configure_from_environment()  # a mocked GPU topology, before any backend starts
     config.add_cleanup(plugin_xdist.fit_to_cpu_share(config))  # before XLA sizes its thread pools
     config.add_cleanup(tpu_compiler.chipless_start())  # before libtpu loads
+    config.add_cleanup(gpu_compiler.deviceless_start())  # before JAX's CUDA plugin loads
     if plugin_xdist.is_controller(config) and not in_job:  # its report's host line: the workers' devices
         compat.cpu_devices_in_this_process(devices_lib.CPU_DEVICE_COUNT)
     # Registered before JAX's own shutdown handlers, so it runs after them (atexit runs in reverse).
@@ -266,6 +268,8 @@ def pytest_configure(config: pytest.Config) -> None:
             path, flag = config.getoption(option), "--" + option.replace("_", "-")
             if path and (problem := results.report_path_problem(path, option=flag)):
                 raise pytest.UsageError(problem)
+    if not plugin_xdist.is_worker(config) and (problem := _tier_problem(config.getoption("markexpr"))):
+        raise pytest.UsageError(problem)
     compilers = [] if plugin_xdist.is_worker(config) else [tpu_compiler, gpu_compiler]  # the controller's
     if problem := target_compiles.check_user_options(run_settings.compiler_options, compilers):
         raise pytest.UsageError(problem)
@@ -318,6 +322,27 @@ def pytest_configure(config: pytest.Config) -> None:
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
         names = sorted(n for f in specs.FAMILIES for n in registry.implementations(f))
         raise pytest.UsageError(f"--impl={pattern} matches no implementation; registered: {names}")
+
+
+#: The compile tiers, by marker: each runs on any host whose compiler is installed.
+COMPILE_TIERS = {"tpu_compile": tpu_compiler, "gpu_compile": gpu_compiler}
+
+
+def tiers_asked_for(markexpr: str | None) -> list[str]:
+    """The compile tiers a ``-m`` expression names, not negated (``-m gpu_compile``, ``-m "cpu or
+    tpu_compile"``; not ``-m "cpu and not tpu_compile"``)."""
+    words = re.findall(r"\w+", markexpr or "")
+    return [w for i, w in enumerate(words) if w in COMPILE_TIERS and (i == 0 or words[i - 1] != "not")]
+
+
+def _tier_problem(markexpr: str | None) -> str | None:
+    """A compile tier ``-m`` asks for that cannot run on this host: as ``--require-backend`` for a
+    backend, a usage error naming why and the install command, not a run that skips every test."""
+    for tier in tiers_asked_for(markexpr):
+        reason = COMPILE_TIERS[tier].unavailable_reason()
+        if reason is not None:
+            return f"-m {markexpr!r} asks for the {tier} tier, which cannot run on this host: {reason}"
+    return None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -483,6 +508,7 @@ class _DevicesAfterCollection:
                 f"{problem}. The rule: nothing may start a JAX backend while pytest collects (an array "
                 "created when a test or kernel module is imported); start it inside a test or fixture."
             )
+        compat.start_backends()
         required = config.getoption("require_backend")
         if required and not devices_lib.has_platform(required):
             raise pytest.UsageError(

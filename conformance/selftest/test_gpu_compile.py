@@ -7,6 +7,10 @@ install command. Each case at one rung of the family's ladder, on a ring of 8.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import conformance.kernels
@@ -18,7 +22,7 @@ from conformance.checks.tpu_memory import memory_dims as tpu_memory_dims
 from conformance.fixtures.meshes import parse_mesh
 from conformance.outcomes import run_here
 from conformance.runner import Case
-from conformance.selftest import broken_gpu_kernels
+from conformance.selftest import broken_gpu_kernels, subprocess_env, suite_command
 from conformance.session import Session
 
 pytestmark = [
@@ -150,3 +154,24 @@ def test_the_gpu_mesh_fixture_compiles_for_the_gpus(conformance_gpu_mesh) -> Non
     xla_all_gather = registry.get("all_gather", "xla_all_gather").fn
     text = gpu_compiler.compile_on(lambda a: xla_all_gather(a, mesh=mesh, axis_name="y"), (x,)).as_text()
     assert "all-gather" in text, text[:2000]
+
+
+@pytest.mark.skipif(
+    gpu_compiler.nvidia_gpus_here(), reason="a GPU host: the plugin's CUDA check is kept there"
+)
+def test_an_installed_suite_runs_the_tier_with_nothing_set_and_quietly(tmp_path: Path) -> None:
+    """``-m gpu_compile`` and the replay line it prints run with the environment a user has after
+    ``pip install``: no ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK`` (the suite sets it on a host without an
+    NVIDIA GPU) and none of the CUDA plugin's "Could not find cuda drivers" lines in the output."""
+    env = subprocess_env()
+    env.pop("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", None)
+    run = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 600, "env": env}
+    selected = ("-k", "test_gpu_schedule and xla_jit_allgather_matmul and 8-x-explicit")
+    done = subprocess.run(suite_command(*selected, marks="gpu_compile"), **run)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    token = "8-x-explicit:rows_per_shard=256,K=512,cols_per_shard=1024:bfloat16:seed=0"
+    replay = [sys.executable, "-m", "conformance", "replay", "gpu_schedule", "allgather_matmul"]
+    replayed = subprocess.run([*replay, "xla_jit_allgather_matmul", token], **run)
+    assert replayed.returncode == 0 and "PASSED gpu_schedule" in replayed.stdout, replayed.stderr[-3000:]
+    for output in (done.stdout + done.stderr, replayed.stdout + replayed.stderr):
+        assert "cuda drivers" not in output and "absl::InitializeLog" not in output, output[-3000:]

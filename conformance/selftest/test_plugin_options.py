@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import claims, plugin_kernels, registry, tpu_compiler
+from conformance import claims, gpu_compiler, plugin_kernels, pytest_plugin, registry, tpu_compiler
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
@@ -369,14 +369,17 @@ def test_a_backend_started_during_collection_is_named_with_the_rule(tmp_path: Pa
 
 
 def _command(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.CompletedProcess:
-    """``python -m conformance ARGS`` from ``tmp_path``, which holds ``opt_kernels.py``."""
+    """``python -m conformance ARGS`` from ``tmp_path``, which holds ``opt_kernels.py``, in the
+    environment a user's shell has: without what this process's plugin set for the compilers it
+    starts (:data:`tpu_compiler.CHIPLESS_START`, :data:`gpu_compiler.DEVICELESS_START`)."""
     (tmp_path / "opt_kernels.py").write_text(textwrap.dedent(kernels))
+    set_here = {*tpu_compiler.CHIPLESS_START, *gpu_compiler.DEVICELESS_START} - {"ALLOW_MULTIPLE_LIBTPU_LOAD"}
     return subprocess.run(
         [sys.executable, "-m", "conformance", *args],
         capture_output=True,
         text=True,
         timeout=300,
-        env=subprocess_env(),
+        env={k: v for k, v in subprocess_env().items() if k not in set_here},
         cwd=tmp_path,
     )
 
@@ -387,6 +390,45 @@ def test_replay_of_an_unregistered_implementation_is_not_a_kernel_failure(tmp_pa
     assert done.returncode == 4, done.stdout + done.stderr
     assert "cannot replay: no implementation 'no_such_kernel' of 'all_gather' is registered" in done.stderr
     assert "--kernels" in done.stderr and "FAILED" not in done.stdout
+
+
+def test_a_replay_prints_the_check_and_none_of_the_compilers_start_up_logs(tmp_path: Path) -> None:
+    """The replay starts libtpu and JAX's CUDA plugin as the pytest plugin does: no TPU-VM start-up
+    errors (libtpu's "unexpected worker hostname" trace), no "Could not find cuda drivers" lines."""
+    done = _command(
+        tmp_path, "replay", "determinism", "all_gather", "opt_gather", GATHER_TOKEN, "--kernels=opt_kernels"
+    )
+    assert done.returncode == 0 and "PASSED determinism" in done.stdout, done.stdout + done.stderr
+    for noise in ("E0000", "unexpected worker hostname", "Source Location Trace", "cuda drivers"):
+        assert noise not in done.stdout + done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "tiers"),
+    [
+        ("gpu_compile", ["gpu_compile"]),
+        ("cpu or tpu_compile", ["tpu_compile"]),
+        ("cpu and not tpu_compile", []),
+        ("not gpu_compile and tpu_compile", ["tpu_compile"]),
+        ("cpu", []),
+        (None, []),
+    ],
+)
+def test_the_compile_tiers_a_mark_expression_asks_for(markexpr: str | None, tiers: list[str]) -> None:
+    assert pytest_plugin.tiers_asked_for(markexpr) == tiers
+
+
+def test_a_compile_tier_asked_for_by_marker_runs_or_is_a_usage_error(tmp_path: Path) -> None:
+    """``-m gpu_compile`` where XLA:GPU cannot compile here is a usage error naming why and the install,
+    as ``--require-backend`` is; where it can, the tier runs. Never a run that skips every test."""
+    done = _pytest(tmp_path, "-m", "gpu_compile", "-k", "test_gpu_memory and xla_jit_allgather_matmul")
+    reason = gpu_compiler.unavailable_reason()
+    if reason is None:
+        assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+        return
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "asks for the gpu_compile tier, which cannot run on this host" in done.stderr, done.stderr
+    assert 'pip install "jax[cuda12-local]==' in done.stderr, done.stderr
 
 
 GATHER_TOKEN = "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0"
