@@ -18,7 +18,7 @@ import os
 import sys
 
 from conformance import command_line
-from conformance.session import TIME_BOUNDS
+from conformance.session import BEHIND_COMPILER_MODES, SCHEDULE_VERDICTS, TIME_BOUNDS, Settings
 
 
 def _load(modules: list[str]) -> None:
@@ -68,6 +68,9 @@ def _main(argv: list[str]) -> int:
     for field, what in TIME_BOUNDS.items():
         flag = "--" + field.removesuffix("_s").replace("_", "-")
         replay.add_argument(flag, type=float, default=None, metavar="SECONDS", help=what)
+    replay.add_argument("--behind-compiler", choices=BEHIND_COMPILER_MODES, default=Settings.behind_compiler)
+    replay.add_argument("--schedule-verdict", choices=SCHEDULE_VERDICTS, default=Settings.schedule_verdict)
+    replay.add_argument("--compiler-option", action="append", default=[], metavar="NAME=VALUE")
     replay.add_argument(
         "--isolation",
         choices=("process", "off"),
@@ -82,10 +85,10 @@ def _main(argv: list[str]) -> int:
 
     _load(plugin_kernels.split_modules(args.kernels))
 
-    from conformance import checks, registry, specs
+    from conformance import checks, registry, specs, target_compiles
     from conformance.run import run_check
     from conformance.runner import Case
-    from conformance.session import Session, Settings
+    from conformance.session import Session
 
     if args.command == "list":
         for family in specs.FAMILIES:
@@ -128,7 +131,16 @@ def _main(argv: list[str]) -> int:
         raise command_line.UsageError(f"cannot replay: {e}") from e
     print("\n".join(case.describe()))
     bounds = {field: getattr(args, field.removesuffix("_s")) for field in TIME_BOUNDS}
-    settings = Settings(isolation=args.isolation, **{k: v for k, v in bounds.items() if v is not None})
+    try:
+        settings = Settings(
+            isolation=args.isolation,
+            behind_compiler=args.behind_compiler,
+            schedule_verdict=args.schedule_verdict,
+            compiler_options=target_compiles.parse_options(args.compiler_option),
+            **{k: v for k, v in bounds.items() if v is not None},
+        )
+    except ValueError as e:
+        raise command_line.UsageError(str(e)) from e
     session = Session(settings)
     try:
         outcome = run_check(args.check, case, session)

@@ -91,7 +91,14 @@ from conformance.plugin_report import (
     STARTED,
     run_log,
 )
-from conformance.session import BEHIND_COMPILER_MODES, ISOLATION_MODES, TIME_BOUNDS, Session, Settings
+from conformance.session import (
+    BEHIND_COMPILER_MODES,
+    ISOLATION_MODES,
+    SCHEDULE_VERDICTS,
+    TIME_BOUNDS,
+    Session,
+    Settings,
+)
 from conformance.specs.base import FIXED_SHAPES
 
 #: The markers the suite's tests carry, registered by the plugin (so ``--strict-markers`` works anywhere).
@@ -149,6 +156,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=Settings.behind_compiler,
         help="report (default): the schedule tables say where a kernel leaves more bytes exposed than "
         "the compiler's own collective matmul; fail: the schedule checks fail it there",
+    )
+    group.addoption(
+        "--schedule-verdict",
+        choices=SCHEDULE_VERDICTS,
+        default=Settings.schedule_verdict,
+        help="compiler (default): a kernel whose compiled schedule leaves transfers exposed fails only "
+        "where it also leaves more bytes exposed than the compiler's own collective matmul (level or "
+        "ahead is no worse than not writing it); hidden: it fails wherever a transfer it could hide is "
+        "exposed",
     )
     group.addoption(
         "--compilation-cache",
@@ -259,6 +275,7 @@ def pytest_configure(config: pytest.Config) -> None:
             **{field: config.getoption(field.removesuffix("_s")) for field in TIME_BOUNDS},
             isolation=config.getoption("isolation"),
             behind_compiler=config.getoption("behind_compiler"),
+            schedule_verdict=config.getoption("schedule_verdict"),
             compiler_options=target_compiles.parse_options(config.getoption("compiler_option")),
         )
     except ValueError as e:

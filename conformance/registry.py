@@ -72,6 +72,11 @@ class Implementation:
     #: It declares it leaves no more bytes exposed than the compiler's own collective matmul in the
     #: compiled schedules: being behind it fails the schedule checks (without it, reported).
     ahead_of_compiler: bool = False
+    #: The same kernel with its pacing taken out (a ring that makes each step's transfer wait for the
+    #: previous step's matmul, :mod:`conformance.kernels._ring`): where another kernel's compiled
+    #: schedule leaves its transfers exposed, the schedule checks compile both to measure on that
+    #: compiler, at that topology and size, what pacing does.
+    unpaced: Callable[..., Any] | None = None
     #: Free-form notes shown in reports (e.g. "bidirectional ring").
     description: str = ""
     #: A Pallas TPU kernel: accepts ``interpret=`` (the suite passes
@@ -185,6 +190,7 @@ def register(
     baseline: bool = False,
     compilers_own: bool = False,
     ahead_of_compiler: bool = False,
+    unpaced: Callable[..., Any] | None = None,
     description: str = "",
     pallas: bool = False,
     lowering_targets: tuple[str, ...] | None = None,
@@ -203,6 +209,8 @@ def register(
     family's collective rule and reported, not judged, by the schedule and memory checks.
     ``ahead_of_compiler=True`` declares a kernel leaves no more bytes exposed than the compiler's own
     in the compiled schedules: there, being behind fails (``--behind-compiler=fail`` does so for all).
+    ``unpaced`` is the same kernel with its ring's pacing taken out (same calling convention): a
+    paced ring gives it so that a failing schedule verdict can say, measured, what pacing does.
 
     ``pallas=True`` declares a Pallas TPU kernel taking an ``interpret`` keyword;
     its default ``lowering_targets`` is ``("tpu",)``, otherwise ``("tpu", "cuda")``.
@@ -249,6 +257,8 @@ def register(
                 f"'cpu', 'gpu', 'tpu'; got {platforms!r}"
             )
         platforms = tuple(platforms)
+    if unpaced is not None and not callable(unpaced):
+        raise TypeError(f"register({family!r}, name={name!r}): unpaced must be callable, got {unpaced!r}")
     if supports is not None and not callable(supports):
         raise TypeError(f"register({family!r}, name={name!r}): supports must be callable, got {supports!r}")
     if isinstance(requires, str) or not all(isinstance(m, str) and m for m in requires):
@@ -267,6 +277,7 @@ def register(
             baseline=baseline or compilers_own,
             compilers_own=compilers_own,
             ahead_of_compiler=ahead_of_compiler,
+            unpaced=unpaced,
             description=description,
             pallas=pallas,
             lowering_targets=tuple(lowering_targets),

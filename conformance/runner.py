@@ -131,7 +131,9 @@ class Case:
         module = self.implementation.module if self._is_registered() else ""
         if module and not module.startswith("conformance.kernels"):
             parts += ["--kernels", module]
-        return shlex.join(parts)
+        from conformance import session
+
+        return shlex.join([*parts, *session.current().settings.verdict_options()])
 
     def _is_registered(self) -> bool:
         return self.impl in registry.implementations(self.family)

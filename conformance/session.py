@@ -26,6 +26,10 @@ ISOLATION_MODES = ("process", "off")
 #: What a kernel whose compiled schedule leaves more bytes exposed than the compiler's own collective
 #: matmul gets: "report" (the tables say it is behind) or "fail" (the schedule check fails it).
 BEHIND_COMPILER_MODES = ("report", "fail")
+#: What a schedule check's rule (every transfer but one per ring direction has a matmul inside it) is
+#: in a run: "compiler" (a kernel fails it only where it is also behind the compiler's own collective
+#: matmul: level or ahead is no worse than not writing the kernel) or "hidden" (the rule alone).
+SCHEDULE_VERDICTS = ("compiler", "hidden")
 
 
 #: The time bounds a user sets, each a :class:`Settings` field and the option ``--hang-timeout`` etc.
@@ -54,6 +58,8 @@ class Settings:
     isolation: str = "process"
     #: :data:`BEHIND_COMPILER_MODES`.
     behind_compiler: str = "report"
+    #: :data:`SCHEDULE_VERDICTS`.
+    schedule_verdict: str = "compiler"
     #: Compiler options (name, value) given to every compile for a TPU or GPU topology whose compiler
     #: knows them (``--compiler-option``), beside the flags of ``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS``.
     compiler_options: tuple[tuple[str, object], ...] = ()
@@ -65,9 +71,23 @@ class Settings:
             raise ValueError(
                 f"behind_compiler {self.behind_compiler!r} is not one of {BEHIND_COMPILER_MODES}"
             )
+        if self.schedule_verdict not in SCHEDULE_VERDICTS:
+            raise ValueError(f"schedule_verdict {self.schedule_verdict!r} is not one of {SCHEDULE_VERDICTS}")
         for name in ("hang_timeout_s", "abort_grace_s", "check_timeout_s", "compile_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, not {getattr(self, name)!r}")
+
+    def verdict_options(self) -> list[str]:
+        """The command-line options of these settings that decide a verdict and are not the defaults
+        (``--behind-compiler``, ``--schedule-verdict``, ``--compiler-option``): what a replay line
+        carries so that it judges as the run did."""
+        default = Settings()
+        options = [
+            f"--{field.replace('_', '-')}={getattr(self, field)}"
+            for field in ("behind_compiler", "schedule_verdict")
+            if getattr(self, field) != getattr(default, field)
+        ]
+        return options + [f"--compiler-option={name}={value}" for name, value in self.compiler_options]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,8 +111,12 @@ def unmerged(shared: jax.Array, *, beside: jax.Array) -> jax.Array:
     return shared
 
 
-def ring_gather_visit(block: jax.Array, axis_name: str, visit: Visit, *, bidirectional: bool) -> None:
-    """Circulate every device's row block round the ring, calling ``visit`` on each piece."""
+def ring_gather_visit(
+    block: jax.Array, axis_name: str, visit: Visit, *, bidirectional: bool, paced: bool = True
+) -> None:
+    """Circulate every device's row block round the ring, calling ``visit`` on each piece.
+    ``paced=False`` takes the pacing out (each transfer then depends only on the one before it): the
+    ring the schedule checks compile beside a kernel whose transfers are exposed."""
     n = lax.axis_size(axis_name)
     me = lax.axis_index(axis_name)
     top_rows, bottom_rows = halves(block.shape[0], bidirectional=bidirectional)
@@ -123,9 +127,12 @@ def ring_gather_visit(block: jax.Array, axis_name: str, visit: Visit, *, bidirec
             # Issue the next transfers first, so they overlap this step's visit; but only once the
             # previous step's visit is done, which paces the ring at one transfer per visit.
             if step < n - 1:
-                next_top = lax.ppermute(after(top, waits_for=visited), axis_name, ring_perm(n, -1))
+                waits_for = visited if paced else None
+                next_top = lax.ppermute(after(top, waits_for=waits_for), axis_name, ring_perm(n, -1))
                 if bottom_rows:
-                    next_bottom = lax.ppermute(after(bottom, waits_for=visited), axis_name, ring_perm(n, +1))
+                    next_bottom = lax.ppermute(
+                        after(bottom, waits_for=waits_for), axis_name, ring_perm(n, +1)
+                    )
             if step == 0:
                 visited = visit(me, 0, block)  # own block whole: one matmul, not two
             else:
@@ -148,13 +155,16 @@ Contribution = Callable[[jax.Array, int, int], jax.Array]
 
 
 def ring_reduce_scatter(
-    contribution: Contribution, m: int, axis_name: str, *, bidirectional: bool
+    contribution: Contribution, m: int, axis_name: str, *, bidirectional: bool, paced: bool = True
 ) -> jax.Array:
     """This device's ``m``-row block of ``sum over devices of contribution``, summed round the ring.
 
     Accumulators stay in whatever dtype ``contribution`` returns (the caller's
-    accumulator dtype); nothing is rounded between hops.
+    accumulator dtype); nothing is rounded between hops. ``paced=False`` takes the pacing and the
+    fences out (the schedule checks' measure of what they do).
     """
+    pace = after if paced else (lambda value, *, waits_for: value)
+    fence = fenced if paced else (lambda value: value)
     n = lax.axis_size(axis_name)
     me = lax.axis_index(axis_name)
     top_rows, bottom_rows = halves(m, bidirectional=bidirectional)
@@ -171,11 +181,11 @@ def ring_reduce_scatter(
             # fenced, so that a compiler cannot fuse the addition of what arrives into the matmul,
             # which would make the matmul wait for the transfer.
             leaving = (top, bottom)
-            owner = after(lax.rem(me + step + 1, n), waits_for=leaving)
-            top = incoming_top + fenced(contribution(owner, 0, top_rows))
+            owner = pace(lax.rem(me + step + 1, n), waits_for=leaving)
+            top = incoming_top + fence(contribution(owner, 0, top_rows))
             if bottom_rows:
-                owner = after(lax.rem(me - step - 1 + 2 * n, n), waits_for=leaving)
-                bottom = incoming_bottom + fenced(contribution(owner, top_rows, bottom_rows))
+                owner = pace(lax.rem(me - step - 1 + 2 * n, n), waits_for=leaving)
+                bottom = incoming_bottom + fence(contribution(owner, top_rows, bottom_rows))
     return top if bottom is None else jnp.concatenate([top, bottom], axis=0)
 
 

@@ -42,7 +42,8 @@ def schedule_table(records: list[Any], name: str) -> list[tuple[str, list[str]]]
         f"{name} schedule: transfers with a matmul inside them / all transfers, and the bytes a device "
         f"receives in the others, per size, in the module the real {name} compiler scheduled; each kernel "
         "ahead of (fewer bytes exposed), level with or behind the compiler's own collective matmul (jit of "
-        "the family's math)"
+        "the family's math); a kernel fails where it leaves transfers exposed and is behind (--schedule-"
+        "verdict=compiler, the default) or anywhere it leaves them exposed (hidden)"
     )
 
     number, legend = size_legend(records)
@@ -53,7 +54,8 @@ def schedule_table(records: list[Any], name: str) -> list[tuple[str, list[str]]]
             return f"#{size}: {r.order}"
         standing = f", {r.standing}" if getattr(r, "standing", "") else ""
         exposed = size_text(getattr(r, "exposed_bytes", 0))
-        return f"#{size}: {r.hidden}/{r.total} ({exposed} exposed{standing})"
+        verdict = "; fails" if getattr(r, "failed", False) else ""
+        return f"#{size}: {r.hidden}/{r.total} ({exposed} exposed{standing}{verdict})"
 
     def cells(recs: list[Any]) -> str:
         return "  ".join(cell(r) for r in sorted(recs, key=lambda r: number[(r.family, r.dims)]))

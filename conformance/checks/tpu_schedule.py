@@ -70,6 +70,8 @@ class TpuScheduleRecord:
     standing: str = ""
     #: The flags of the compile (:func:`conformance.target_compiles.flags_in_effect`).
     flags: str = "compiler defaults"
+    #: The check failed the kernel at this topology and size (its verdict, :func:`_fails`).
+    failed: bool = False
 
 
 def _hop_bytes(module: hlo.HloModule) -> int:
@@ -353,6 +355,8 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
     module, scheduled = _scheduled(compiled, topology)
     compiler_exposed, compiler_order = (None, "") if impl.baseline else _compiler_exposed(case, topology)
     standing = standing_of(scheduled.exposed_bytes, compiler_exposed)
+    hidden = passes_rule(scheduled)
+    fails = not impl.baseline and bool(scheduled.transfers) and _fails(case, hidden=hidden, standing=standing)
     records.append(
         record(
             case.family,
@@ -371,6 +375,7 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             compiler_exposed=compiler_exposed,
             standing=standing,
             flags=getattr(compiled, "flags", "compiler defaults"),
+            failed=fails,
         )
     )
     if impl.compilers_own:
@@ -383,24 +388,33 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             if impl.pallas
             else f"the module compiled for {topology} has no collective: no transfer"
         )
-    if passes_rule(scheduled):
-        if standing == "behind" and behind_fails(case):
-            raise fail(
-                case,
-                check,
-                "its transfers leave more bytes exposed than the compiler's own collective matmul",
-                [
-                    f"topology       : {topology}",
-                    f"exposed        : {size_text(scheduled.exposed_bytes)} per call received in transfers "
-                    f"with no matmul inside them; the compiler's own (jit of the family's math): "
-                    f"{size_text(compiler_exposed or 0)}",
-                    f"run order      : {scheduled.order_text()}",
-                    f"compiler's own : {compiler_order}",
-                    f"rule           : {_behind_rule(case)}",
-                    f"judge          : {judge}, under {getattr(compiled, 'flags', 'compiler defaults')}",
-                ],
-            )
+    if not fails:
         return
+    flags = getattr(compiled, "flags", "compiler defaults")
+    compared = (
+        [
+            f"compiler's own : {compiler_order} ({size_text(compiler_exposed)} exposed; this kernel "
+            f"{size_text(scheduled.exposed_bytes)})"
+        ]
+        if compiler_exposed is not None
+        else []
+    )
+    if hidden:  # behind the compiler's own, where the kernel or the run says that fails
+        raise fail(
+            case,
+            check,
+            "its transfers leave more bytes exposed than the compiler's own collective matmul",
+            [
+                f"topology       : {topology}",
+                f"exposed        : {size_text(scheduled.exposed_bytes)} per call received in transfers "
+                f"with no matmul inside them; the compiler's own (jit of the family's math): "
+                f"{size_text(compiler_exposed or 0)}",
+                f"run order      : {scheduled.order_text()}",
+                f"compiler's own : {compiler_order}",
+                f"rule           : {_behind_rule(case)}",
+                f"judge          : {judge}, under {flags}",
+            ],
+        )
     shown = [t for t in scheduled.transfers if not t.hidden][:6]
     raise fail(
         case,
@@ -413,18 +427,19 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             "least one",
             f"run order      : {scheduled.order_text()}  (S/D a transfer's start/done, C a synchronous "
             "collective, M a matmul)",
+            *compared,
+            f"verdict        : {_verdict_line(standing, scheduled, compiler_exposed)}",
             *(
                 [
-                    f"compiler's own : {compiler_order} ({size_text(compiler_exposed)} exposed; this kernel "
-                    f"{size_text(scheduled.exposed_bytes)})"
+                    f"ran ahead      : {scheduled.run_ahead} transfers done before the first matmul runs: "
+                    "each waits only for the one before it, so the scheduler ran them first, as a chain"
                 ]
-                if compiler_exposed is not None
+                if scheduled.run_ahead > scheduled.rings
                 else []
             ),
-            f"judge          : {judge}, the scheduled module of jit(...).lower(...).compile(), under "
-            f"{getattr(compiled, 'flags', 'compiler defaults')}",
+            f"judge          : {judge}, the scheduled module of jit(...).lower(...).compile(), under {flags}",
             *why_exposed(case, topology, compiler=compiler),
-            f"how            : {case.spec.overlap}",
+            *_how(case, topology, scheduled),
             "exposed transfers:",
             *(
                 f"  {t.kind} {t.name} in {t.computation}" + (f" (x{t.times})" if t.times != 1 else "")
@@ -432,6 +447,93 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             ),
         ],
     )
+
+
+def _fails(case: Case, *, hidden: bool, standing: str) -> bool:
+    """The schedule verdict (docs/checks.md, "What a schedule verdict is"). A kernel that hides its
+    transfers (:func:`passes_rule`) fails only behind the compiler's own where that fails
+    (:func:`behind_fails`). One that leaves them exposed fails where it is also behind the compiler's
+    own, or where there is none to compare with: level with it or ahead, it is no worse than not
+    writing the kernel, and passes, its table cell saying so; ``--schedule-verdict=hidden`` fails it
+    there too."""
+    if hidden:
+        return standing == "behind" and behind_fails(case)
+    if session_lib.current().settings.schedule_verdict == "hidden":
+        return True
+    return standing not in ("ahead", "level")
+
+
+def _verdict_line(standing: str, scheduled: hlo.Schedule, compiler_exposed: int | None) -> str:
+    if session_lib.current().settings.schedule_verdict == "hidden":
+        return (
+            "--schedule-verdict=hidden: every transfer it could hide must be hidden, whatever the compiler's "
+            "own does"
+        )
+    if standing == "behind":
+        return (
+            f"behind the compiler's own: {size_text(scheduled.exposed_bytes)} exposed where jit of the "
+            f"family's math leaves {size_text(compiler_exposed or 0)}, so not writing this kernel would wait "
+            "less here (level or ahead would pass)"
+        )
+    return (
+        "the compiler's own collective matmul does not compile at this form and size, so nothing says that "
+        "not writing this kernel would wait less: the rule alone judges"
+    )
+
+
+def _how(case: Case, topology: str, scheduled: hlo.Schedule) -> list[str]:
+    """The change that would hide this kernel's transfers on this compiler: pacing, where the family's
+    paced built-in ring with the same number of ring directions, compiled here at this size with
+    and without its pacing, shows pacing is the lever; the family's general advice otherwise."""
+    spec = case.spec
+    measured = pacing_measured(case, topology, rings=scheduled.rings)
+    if measured is None:
+        return [f"how            : {spec.overlap}"]
+    name, paced, unpaced = measured
+    figures = (
+        f"the built-in {name} hides {paced.fraction} paced ({paced.order_text()[:60]}) and "
+        f"{unpaced.fraction} with its pacing taken out ({unpaced.order_text()[:60]})"
+    )
+    if passes_rule(paced) and not passes_rule(unpaced):
+        return [
+            f"how            : pace the ring: {spec.pacing}",
+            f"measured       : pacing is the lever here ({topology}, this size): {figures}",
+        ]
+    return [
+        f"how            : {spec.overlap}",
+        f"measured       : pacing is not the lever here ({topology}, this size): {figures}",
+    ]
+
+
+def pacing_measured(
+    case: Case, topology: str, *, rings: int
+) -> tuple[str, hlo.Schedule, hlo.Schedule] | None:
+    """The family's first registered ring with an ``unpaced`` twin and ``rings`` ring directions, and
+    the schedules of it and of its twin compiled for ``topology`` at ``case``'s size; ``None`` where
+    the family has none, or none compiles."""
+    for impl in registry.registered(case.family):
+        if impl.unpaced is None or impl.name == case.impl:
+            continue
+        reference = Case.make(case.family, impl.name, case.mesh, dict(case.dims), case.dtype)
+        try:
+            _, paced = _scheduled(compiled_on_topology(reference, topology), topology)
+            if paced.rings != rings:
+                continue
+            unpaced = _compiled_unpaced(reference, topology, session_lib.current().settings.compiler_options)
+            return impl.name, paced, _scheduled(unpaced, topology)[1]
+        except (tpu_compiler.CompilerRefusal, compat.HostLimit, hlo.HloParseError):
+            continue
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_unpaced(case: Case, topology: str, run_options: tuple) -> Any:
+    # run_options (the run's --compiler-option pairs, which compile_on reads) only key the cache
+    compiler = compiler_of(topology)
+    mesh = compiler.mesh_on(case.mesh, topology)
+    keywords = {"mesh": mesh, "axis_name": case.mesh.axis_name, **dtypes.kernel_keywords(case.dtype)}
+    fn = functools.partial(case.implementation.unpaced, **keywords)
+    return compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh))
 
 
 def behind_fails(case: Case) -> bool:

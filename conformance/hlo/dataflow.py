@@ -283,6 +283,12 @@ class Schedule:
     def fraction(self) -> str:
         return f"{self.hidden}/{self.total}"
 
+    @property
+    def run_ahead(self) -> int:
+        """Transfers of the computations run once per call (not loops) that are done before the first
+        matmul runs: a chain of transfers the scheduler ran first, their matmuls after."""
+        return sum(order.split("M", 1)[0].count("D") for _, times, order in self.orders if times == 1)
+
     def order_text(self) -> str:
         return "; ".join(
             f"{order}" + (f" (x{times}, loop {comp})" if times != 1 else "")

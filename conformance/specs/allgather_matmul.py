@@ -147,6 +147,12 @@ ALLGATHER_MATMUL = FamilySpec(
         "matmul read only the block in hand (not what the transfer delivers, nor a value computed after "
         "it)"
     ),
+    pacing=(
+        "make each step's transfer wait for the previous step's matmul: `held, _ = "
+        "lax.optimization_barrier((held, previous_product))` just before the step's `ppermute` (free at "
+        "run time; conformance.kernels._ring.after), so the scheduler cannot run the transfers first as "
+        "a chain and the matmuls after"
+    ),
     tpu_native_dims={"rows_per_shard": 32, "K": 128, "cols_per_shard": 128},
     # Per hop a device sends its [rows_per_shard, K] block: 256 KiB, 1 MiB, 4 MiB of bfloat16.
     schedule_ladder=(

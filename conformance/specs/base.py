@@ -135,6 +135,10 @@ class FamilySpec:
     #: How a kernel of the family hides its transfers (the overlap check's failure text); empty: the
     #: family has no compute to hide them behind, and the overlap check does not run for it.
     overlap: str = ""
+    #: How a ring of the family paces itself, so that a scheduler cannot run its transfers ahead of
+    #: the matmuls as a chain (the schedule checks' advice where a built-in ring with an ``unpaced``
+    #: twin measures that pacing is the lever, :mod:`conformance.checks.tpu_schedule`).
+    pacing: str = ""
     #: bfloat16 dims the scheduled-overlap check compiles for TPU topologies, smallest first: a
     #: ladder of realistic per-hop transfers (a few hundred KiB to several MiB), at which XLA:TPU's
     #: scheduler decides differently (:mod:`conformance.checks.tpu_schedule`).

@@ -149,6 +149,13 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
         "multiply the next partial while the previous one travels: each step's matmul reads only the "
         "local operands, and only the running sum waits for the transfer"
     ),
+    pacing=(
+        "compute each step's contribution only once the running sum it follows is ready to leave (an "
+        "`optimization_barrier` over the contribution's block index and that sum), and fence the "
+        "contribution (`lax.optimization_barrier(contribution)`) so that the addition of what arrives is "
+        "not fused into the matmul, which would make the matmul wait for the transfer "
+        "(conformance.kernels._ring.ring_reduce_scatter)"
+    ),
     tpu_native_dims={"rows_per_shard": 32, "k_per_shard": 128, "cols": 128},
     # Per hop a device sends a [rows_per_shard, cols] partial sum, float32 for bfloat16 inputs:
     # 256 KiB, 1 MiB, 4 MiB.

@@ -68,6 +68,7 @@ def _forward(
     axis_name: str,
     bidirectional: bool,
     out_dtype: object = None,
+    paced: bool = True,
 ) -> jax.Array:
     n = lax.axis_size(axis_name)
     m = lhs_block.shape[0]
@@ -80,7 +81,7 @@ def _forward(
         out = lax.dynamic_update_slice(out, product, (owner * m + first, 0))
         return product
 
-    ring_gather_visit(lhs_block, axis_name, multiply_into_rows, bidirectional=bidirectional)
+    ring_gather_visit(lhs_block, axis_name, multiply_into_rows, bidirectional=bidirectional, paced=paced)
     return out
 
 
@@ -120,25 +121,42 @@ def _per_device(
     axis_name: str,
     bidirectional: bool,
     out_dtype: object = None,
+    paced: bool = True,
 ) -> jax.Array:
     statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype}
-    ring = with_ring_vjp(functools.partial(_forward, **statics), functools.partial(_backward, **statics))
+    forward = functools.partial(_forward, **statics, paced=paced)
+    ring = with_ring_vjp(forward, functools.partial(_backward, **statics))
     return ring(lhs_block, rhs_block)
 
 
-def _shard_mapped(lhs, rhs, mesh, axis_name, *, bidirectional: bool, out_dtype: object = None):
+def _shard_mapped(
+    lhs, rhs, mesh, axis_name, *, bidirectional: bool, out_dtype: object = None, paced: bool = True
+):
+    statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype, "paced": paced}
     return jax.shard_map(
-        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional, out_dtype=out_dtype),
+        functools.partial(_per_device, **statics),
         mesh=mesh,
         in_specs=(P(axis_name, None), P(None, axis_name)),
         out_specs=P(None, axis_name),
     )(lhs, rhs)
 
 
+def _unpaced(*, bidirectional: bool):
+    """The ring with its pacing taken out: what the schedule checks measure pacing against."""
+
+    def kernel(lhs, rhs, *, mesh, axis_name, out_dtype=None):
+        return _shard_mapped(
+            lhs, rhs, mesh, axis_name, bidirectional=bidirectional, out_dtype=out_dtype, paced=False
+        )
+
+    return kernel
+
+
 @conformance.register(
     "allgather_matmul",
     name="ring_allgather_matmul_unidirectional",
     differentiable=True,
+    unpaced=_unpaced(bidirectional=False),
     dtypes=DTYPES,
     description="one ring direction; transfer of block s+1 overlaps the matmul of block s",
 )
@@ -153,6 +171,7 @@ def ring_allgather_matmul_unidirectional(
     "allgather_matmul",
     name="ring_allgather_matmul_bidirectional",
     differentiable=True,
+    unpaced=_unpaced(bidirectional=True),
     dtypes=DTYPES,
     description="half of each row block travels each way round the ring",
 )
