@@ -3,7 +3,9 @@
 A table whose records climb a ladder of sizes is drawn as small multiples, one plot per family and
 place (TPU topology, or mesh), a line per implementation, the baseline dashed:
 
-* TPU schedule: transfers with a matmul inside them / all transfers, against bytes per hop;
+* TPU and GPU schedule: the bytes a device receives in transfers with no matmul inside them, against
+  the operand bytes per device, beside the compiler's own collective matmul's (dotted: the line a
+  kernel with exposed transfers must not be above);
 * TPU memory: peak HBM per chip, against the bytes of the arguments;
 * benchmarks: median time per call, against the bytes of the operands.
 
@@ -39,8 +41,6 @@ class Ladder:
     y: Callable[[dict[str, Any]], float | None]
     x_label: str
     y_label: str
-    #: The y axis from 0 to 1 (a fraction) rather than from 0 to the largest value.
-    fraction: bool = False
     #: Every implementation is measured at the same x (the sizes of the ladder): an x one lacks is a
     #: size where it gave no value (it failed there), marked on its line.
     shared_x: bool = False
@@ -50,13 +50,16 @@ class Ladder:
 
 LADDERS = (
     Ladder(
-        matches=lambda r: {"hidden", "total", "hop_bytes", "topology"} <= r.keys(),
+        matches=lambda r: {"hidden", "total", "argument", "topology", "exposed_bytes"} <= r.keys(),
         panel=lambda r: f"{r['family']} on {r['topology']}",
-        x=lambda r: r["hop_bytes"],
-        y=lambda r: r["hidden"] / r["total"] if r["total"] else None,
-        x_label="bytes per hop",
-        y_label="transfers hidden",
-        fraction=True,
+        x=lambda r: r["argument"],
+        y=lambda r: None if r["order"].startswith("refused: ") else r["exposed_bytes"] / (1 << 20),
+        x_label="operand bytes per device",
+        y_label="MiB exposed per call",
+        limit=(
+            "the compiler's own collective matmul: a kernel above it with transfers exposed fails",
+            lambda r: None if r.get("compiler_exposed") is None else r["compiler_exposed"] / (1 << 20),
+        ),
     ),
     Ladder(
         matches=lambda r: {"peak", "baseline_peak", "topology", "argument"} <= r.keys(),
@@ -125,7 +128,7 @@ def panel_svg(
         {x for points in series.values() for x, _ in points} | {x for m in missing.values() for x in m}
     )
     ys = [y for points in series.values() for _, y in points] + [y for _, y in limit or ()]
-    top = 1.0 if ladder.fraction else max(ys) * 1.1 or 1.0
+    top = max(ys) * 1.1 or 1.0
     lo, hi = math.log2(xs[0]), math.log2(xs[-1])
     span = hi - lo or 1.0
     legend_rows = math.ceil(len(series.keys() | missing.keys()) / 2) + (1 if limit else 0)

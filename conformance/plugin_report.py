@@ -244,6 +244,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         duration_s=time.monotonic() - t0,
         stale=log.stale,
         command=results.command_line(list(config.invocation_params.args)),
+        summary=report.summarize(outcomes(log)),
     )
     written = config.stash.setdefault(WRITTEN, {})
     for path, write in ((json_path, results.write_json), (html_path, results.write_html)):

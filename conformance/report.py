@@ -4,17 +4,23 @@ One defect usually fails many tests: a kernel that drops the last row of an odd
 shard fails ``output_sharding`` on every mesh and ``races`` in both DMA modes.
 Listed test by test that is forty failures; grouped here it is one implementation,
 one or two causes (a check and its one-line verdict), the smallest case each cause
-fails on, and whether the fixed-shape checks fail at the odd shape, the even one,
-or both. The replay line of the smallest failing case is where to start.
+fails on, whether the fixed-shape checks fail at the odd shape, the even one, or both, and
+where a check's failing meshes (or dtypes) differ from its passing ones in one feature (rings of 3,
+5, 6 and 7 against 1, 2, 4 and 8), that feature. Causes come in the order a kernel author should
+look at them (a wrong result, then precision, then the program, then performance,
+:data:`~conformance.checks.base.CONCERNS`); the replay line of the first one's smallest case is
+where to start.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from conformance import registry, results
+from conformance import checks, registry, results
+from conformance.checks.base import CONCERNS
+from conformance.fixtures.meshes import MeshConfig, parse_mesh
 from conformance.specs.base import FIXED_SHAPES
 
 #: Causes listed per implementation before the rest are counted.
@@ -58,6 +64,128 @@ def _shape_line(family: str, impl: str, outcomes: list[results.Outcome]) -> list
     return [line]
 
 
+#: What a mesh is, as the summary compares the meshes a check passed on with those it failed on: the
+#: first of these that tells them apart (no value shared) is the pattern reported.
+MESH_FEATURES: tuple[tuple[str, Callable[[MeshConfig], object]], ...] = (
+    ("rings of", lambda m: m.axis_size),
+    ("device order", lambda m: m.device_order),
+    ("mesh axes", lambda m: len(m.shape)),
+    ("axis type", lambda m: m.axis_type),
+)
+
+
+def _ring_hint(failing: set, passing: set) -> str:
+    """What ring lengths that fail and pass (``failing``, ``passing``) have in common, in words."""
+
+    def power_of_two(n: int) -> bool:
+        return n & (n - 1) == 0
+
+    if failing == {1}:
+        return "only the ring of one fails: a shortcut for one device"
+    if 1 in passing and 1 not in failing and passing == {1}:
+        return "every ring longer than one fails"
+    if all(not power_of_two(n) for n in failing) and all(power_of_two(n) for n in passing):
+        return (
+            "every failing ring length is no power of two: a position wrapped with a bit mask, or a "
+            "split or step count that assumes a power of two"
+        )
+    if all(n % 2 for n in failing) and not any(n % 2 for n in passing if n > 1):
+        return "every failing ring longer than one is odd: a split that assumes an even ring"
+    return ""
+
+
+_FEATURE_HINTS: dict[str, Callable[[set, set], str]] = {
+    "rings of": _ring_hint,
+    "device order": lambda f, p: (
+        "a neighbour or position taken from device ids, not mesh positions" if "ids" in p else ""
+    ),
+    "mesh axes": lambda f, p: (
+        "a ring position or neighbour computed from one mesh axis alone" if p == {1} else ""
+    ),
+    "axis type": lambda f, p: "the typed sharding of an Explicit axis" if f == {"explicit"} else "",
+}
+
+
+def _values_text(feature: str, values: set) -> str:
+    shown = ", ".join(str(v) for v in sorted(values))
+    return f"{shown}-D meshes" if feature == "mesh axes" else f"{feature} {shown}"
+
+
+def _mesh_lines(outcomes: list[results.Outcome]) -> list[str]:
+    """Per check, where the meshes it failed on and those it passed on differ in one feature (the
+    ring's length, the device order, the mesh's axes, the axis type): that line, and what such a
+    difference usually means. One line per pattern, naming every check that shows it."""
+    by_check: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for o in outcomes:
+        if o.mesh and o.check:
+            by_check[o.check][o.mesh].append(o.outcome)
+    found: dict[str, list[tuple[str, set, set]]] = defaultdict(list)  # feature -> (check, F, P)
+    for check, meshes in by_check.items():
+        try:
+            configs = {label: parse_mesh(label) for label in meshes}
+        except ValueError:
+            continue  # a label of a target's topology, not a mesh of the run
+        failing = [configs[m] for m, got in meshes.items() if FAILED in got]
+        passing = [configs[m] for m, got in meshes.items() if all(g in PASSED for g in got)]
+        if not failing or not passing:
+            continue
+        for feature, value_of in MESH_FEATURES:
+            f, p = {value_of(m) for m in failing}, {value_of(m) for m in passing}
+            if not f & p:
+                found[feature].append((check, f, p))
+                break
+    lines = []
+    for feature, _ in MESH_FEATURES:
+        shown = found.get(feature, [])
+        failing = set().union(*(f for _, f, _ in shown))
+        passing = set().union(*(p for _, _, p in shown))
+        # the checks agree (no value fails in one and passes in another): one line for all of them
+        groups = [shown] if not failing & passing else [[one] for one in shown]
+        for group in groups:
+            if not group:
+                continue
+            names = ", ".join(sorted(check for check, _, _ in group))
+            f, p = set().union(*(f for _, f, _ in group)), set().union(*(p for _, _, p in group))
+            hint = _FEATURE_HINTS[feature](f, p)
+            lines.append(
+                f"  meshes: {names} failed on {_values_text(feature, f)} only and passed on "
+                f"{_values_text(feature, p)}" + (f"\n                -> {hint}" if hint else "")
+            )
+    return lines
+
+
+def _dtype_lines(outcomes: list[results.Outcome]) -> list[str]:
+    """Per check run at several dtypes, where it failed at some and passed at all the others: which."""
+    by_check: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for o in outcomes:
+        if o.dtype and o.check:
+            by_check[o.check][o.dtype].append(o.outcome)
+    found: dict[tuple, list[str]] = defaultdict(list)
+    for check, dtypes in by_check.items():
+        failing = sorted(d for d, got in dtypes.items() if FAILED in got)
+        passing = sorted(d for d, got in dtypes.items() if all(g in PASSED for g in got))
+        if failing and passing:
+            found[(tuple(failing), tuple(passing))].append(check)
+    return [
+        f"  dtypes: {', '.join(sorted(names))} failed at {', '.join(f)} only and passed at {', '.join(p)}"
+        for (f, p), names in sorted(found.items())
+    ]
+
+
+def concern_rank(check: str) -> int:
+    """Where a failure of ``check`` comes in the order to look at (:data:`~conformance.checks.base.CONCERNS`):
+    a wrong result first; a check the run does not know (send_recv's) is a result."""
+    known = checks.CHECKS.get(check)
+    return CONCERNS.index(known.concern) if known is not None else 0
+
+
+#: How the summary picks where to start, printed beside it.
+START_HERE_RULE = (
+    "the smallest failing case of the first cause, causes ordered a wrong result first, then "
+    "precision, then what the program moves or holds, then what it leaves waiting"
+)
+
+
 def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
     """Lines of the summary, one block per implementation with a failure; ``[]`` if none failed.
 
@@ -75,6 +203,8 @@ def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
         passed = sum(o.outcome in PASSED for o in group)
         lines.append(f"{family}/{impl}: {len(failures)} failed, {passed} passed")
         lines += _shape_line(family, impl, group)
+        lines += _mesh_lines(group)
+        lines += _dtype_lines(group)
         causes: dict[str, list[results.FailureCause]] = defaultdict(list)
         for v in failures:  # one cause: one verdict line, whichever checks gave it
             causes[v.what or f"{v.check}: no verdict line (see the test's report)"].append(v)
@@ -84,7 +214,8 @@ def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
 
         def order(item: tuple[str, list[results.FailureCause]]) -> tuple:
             first = smallest(item[1])
-            return (first is None, first.case_size if first else (), -len(item[1]), item[0])
+            rank = min(concern_rank(v.check) for v in item[1])
+            return (rank, first is None, first.case_size if first else (), -len(item[1]), item[0])
 
         ordered = sorted(causes.items(), key=order)
         for what, vs in ordered[:MAX_CAUSES]:
@@ -102,4 +233,5 @@ def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
         first = next((f for _, vs in ordered if (f := smallest(vs)) is not None), None)
         if first and first.replay:
             lines.append(f"  start here : {first.replay}")
+            lines.append(f"               ({START_HERE_RULE})")
     return lines

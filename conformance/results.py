@@ -26,7 +26,8 @@ The JSON (``--conformance-json``), schema version :data:`SCHEMA`::
                    "shape", "dma_mode", "outcome", "message", "case", "replay", "duration_s",
                    "xfail_reason", "what", "why"}],
      "tables": [{"title", "lines": [...], "records": [{...}, ...]}],
-     "known_failures": {"stale": [{"file", "line", "pattern"}]}}
+     "known_failures": {"stale": [{"file", "line", "pattern"}]},
+     "summary": [line, ...]}
 
 The HTML (``--conformance-html``) is one self-contained file (no script, no
 network): the matrix first, then every failure with its message and replay
@@ -316,7 +317,10 @@ def to_json(
     duration_s: float,
     stale: list[dict[str, Any]],
     command: list[str],
+    summary: list[str] = (),
 ) -> dict[str, Any]:
+    """The run as the JSON document; ``summary``: the failure summary's lines as the terminal printed
+    them (:func:`conformance.report.summarize`), which the HTML page shows above the failures."""
     m = matrix(outcomes)
     return {
         "schema": SCHEMA,
@@ -329,6 +333,7 @@ def to_json(
         "outcomes": [o.as_json() for o in outcomes],
         "tables": [{"title": t.title, "lines": t.lines, "records": _jsonable(t.records)} for t in tables],
         "known_failures": {"stale": stale},
+        "summary": list(summary),
     }
 
 
@@ -374,6 +379,8 @@ details{margin:.4em 0}summary{cursor:pointer}
 .ladders{display:flex;flex-wrap:wrap;gap:.6em}svg.ladder{border:1px solid #eee;background:#fff}
 details.cause{margin:.3em 0 .3em 1em}details.cause>details{margin-left:1.5em}
 .why{margin-left:1.6em;font-size:90%;color:#444}
+.replay{margin-left:1.6em;font-size:90%;color:#444}
+pre.summary{background:#fbfbf4;border:1px solid #ddd;padding:.5em}
 """
 
 
@@ -423,6 +430,8 @@ def to_html(document: dict[str, Any]) -> str:
     out.append("</tbody></table>")
     failures = [o for o in outcomes if o["outcome"] in ("failed", "xpassed")]
     out.append(f'<h2 id="failures">Failures ({len(failures)})</h2>')
+    if document.get("summary"):  # the terminal's summary: each cause once, the patterns, where to start
+        out.append(f'<pre class="summary" id="summary">{esc(chr(10).join(document["summary"]))}</pre>')
     out += _failures_by_cause(failures) if failures else ["<p>None.</p>"]
     stale = document["known_failures"]["stale"]
     if stale:
@@ -483,10 +492,13 @@ def _failures_by_cause(failures: list[dict[str, Any]]) -> list[str]:
                 f'<details class="cause"><summary><b>{len(group)}x</b> {esc(cause)} '
                 f"<small>(in {esc(where)})</small>"
                 + (f'<br><span class="why">why: {esc(first["why"])}</span>' if first.get("why") else "")
+                + (
+                    f'<br><span class="replay">replay: <code>{esc(first["replay"])}</code></span>'
+                    if first.get("replay")
+                    else ""
+                )
                 + "</summary>"
-                f"<p>smallest: <code>{esc(first['id'])}</code></p>"
-                + (f"<p>start here: <code>{esc(first['replay'])}</code></p>" if first.get("replay") else "")
-                + f"<pre>{esc(first['message'])}</pre>"
+                f"<p>smallest: <code>{esc(first['id'])}</code></p>" + f"<pre>{esc(first['message'])}</pre>"
             )
             for o in sorted(group, key=_case_size):
                 if o is first:

@@ -4,7 +4,8 @@ Run with ``pytest conformance -m benchmark`` (``tox -e bench``); pytest-benchmar
 and ``--benchmark-json=FILE`` writes its figures with the suite's own in ``extra_info``. The
 ladder is nccl-tests' ``-b/-e/-f``: ``--bench-sizes=BEGIN:END:FACTOR`` in bytes of one device's
 input shard (``4K:256K:4`` by default), and ``--bench-meshes`` picks meshes by label (default:
-one Auto mesh of each shape). After the run one table per family gives the median time, the ratio
+one Auto mesh of each shape). ``--impl`` picks the implementations; each family's baselines are timed
+beside them whatever it says. After the run one table per family gives the median time, the ratio
 to the baseline measured in the same run on the same mesh and size, the bytes a device receives
 (the spec's lower bound), and algbw and busbw as nccl-tests defines them:
 
@@ -37,11 +38,21 @@ from conformance.runner import Case
 pytestmark = pytest.mark.benchmark
 
 
+def _with_baselines(family: str, pattern: str | None) -> list[registry.Implementation]:
+    """The implementations ``--impl`` selects, and beside them the family's baselines, which it may
+    leave out: a kernel's time is read against its baseline's on the same mesh and size."""
+    selected = registry.registered(family, pattern)
+    if not selected:
+        return []
+    names = {i.name for i in selected}
+    return [i for i in registry.registered(family) if i.name in names or i.baseline]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     if metafunc.function is test_benchmark_send_recv:
         sizes = bench.size_ladder(config.getoption("bench_sizes"))
-        impls = [i.name for i in registry.registered("send_recv", config.getoption("impl"))]
+        impls = [i.name for i in _with_baselines("send_recv", config.getoption("impl"))]
         metafunc.parametrize("implementation", impls)
         metafunc.parametrize("route", SEND_RECV_ROUTES, ids=[r.label for r in SEND_RECV_ROUTES])
         metafunc.parametrize("dtype", SEND_RECV_DTYPES)
@@ -51,9 +62,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     meshes = [parse_mesh(label) for label in labels]
     sizes = bench.size_ladder(config.getoption("bench_sizes"))
     impls = [
-        (f, i.name)
-        for f in specs.shard_map_families()
-        for i in registry.registered(f, config.getoption("impl"))
+        (f, i.name) for f in specs.shard_map_families() for i in _with_baselines(f, config.getoption("impl"))
     ]
     metafunc.parametrize("family,implementation", impls, ids=[name for _, name in impls])
     metafunc.parametrize("mesh_config", meshes, ids=[m.label for m in meshes])

@@ -192,6 +192,7 @@ CHECKS = (
     Check(
         "accuracy",
         check_accuracy,
+        concern="precision",
         tables=lambda records: accuracy_table(
             "accuracy: rms error vs float64, implementation / baseline (same inputs)", records
         ),
@@ -209,6 +210,7 @@ CHECKS = (
     Check(
         "backward_accuracy",
         check_backward_accuracy,
+        concern="precision",
         tables=lambda records: accuracy_table(
             "backward accuracy: each gradient's rms error vs float64, implementation / baseline", records
         ),

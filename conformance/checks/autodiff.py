@@ -234,6 +234,7 @@ CHECKS = (
     Check(
         "backward_collectives",
         check_backward_collectives,
+        concern="program",
         tables=lambda records: byte_table(
             "backward (VJP): bytes received per device / the math's bound (compiled HLO)", records
         ),

@@ -11,6 +11,7 @@ travel on the exception (:func:`keeping`), so a failing kernel still shows in th
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -60,10 +61,30 @@ class NotJudged(Exception):
     """The check has nothing it can judge in this implementation (a skip naming why, never a pass)."""
 
 
+#: The topology a compile tier's check is judging a case on (:func:`compiled_for`), if any.
+_COMPILED_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("compiled_for", default=None)
+
+
+@contextlib.contextmanager
+def compiled_for(topology: str) -> Iterator[None]:
+    """Inside the block, a failure's header says the case's mesh was compiled for the chips of
+    ``topology`` (nothing ran on this host's devices)."""
+    token = _COMPILED_FOR.set(topology)
+    try:
+        yield
+    finally:
+        _COMPILED_FOR.reset(token)
+
+
 def fail(case: CheckedCase, check: str, what: str, details: Sequence[str] = ()) -> ConformanceFailure:
     """The failure of ``check`` on ``case``: the one-line verdict, the case's header, ``details``
-    and the replay line."""
-    lines = [f"[{check}] {case.family}/{case.impl}: {what}", *("  " + h for h in case.describe())]
+    and the replay line. Inside :func:`compiled_for`, the header's mesh is that topology's."""
+    header = case.describe()
+    topology = _COMPILED_FOR.get()
+    if topology is not None and isinstance(case, Case):
+        mesh = f"mesh           : {case.mesh.describe()} over the chips of {topology} (compiled; nothing ran)"
+        header = [mesh if h.startswith("mesh           : ") else h for h in header]
+    lines = [f"[{check}] {case.family}/{case.impl}: {what}", *("  " + h for h in header)]
     lines += ["  " + d for d in details]
     lines.append(f"  replay         : {case.replay_command(check)}")
     failure = ConformanceFailure("\n".join(lines))
@@ -169,6 +190,13 @@ class Axes:
         )
 
 
+#: What a check's failure means, in the order a kernel author should look at them: the kernel gives a
+#: wrong result (values, sharding, dtype, gradients, races, a hang...), a less precise one than XLA's
+#: own (accuracy), a program that moves or holds what it should not (collectives, bytes, lowering,
+#: layout), or one that waits where it could overlap (overlap, schedule, memory).
+CONCERNS = ("result", "precision", "program", "performance")
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     """A check as the run knows it: its name (test ids, replay lines), its function, how its
@@ -183,6 +211,13 @@ class Check:
     axes: Axes | None = None
     #: The test's docstring (default: the first paragraph of the check's).
     doc: str = ""
+    #: What a failure of it means to a user, one of :data:`CONCERNS`: the run's summary starts from
+    #: a wrong result before a precision, a program or a performance defect.
+    concern: str = "result"
+
+    def __post_init__(self) -> None:
+        if self.concern not in CONCERNS:
+            raise ValueError(f"Check {self.name!r}: concern {self.concern!r} is not one of {CONCERNS}")
 
     def __call__(self, case: Case) -> object:
         return self.fn(case)

@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from conformance import compat, hlo, mosaic, runner, tpu_compiler
-from conformance.checks import tpu_schedule
+from conformance.checks import on_topology
 from conformance.checks.base import (
     Axes,
     Check,
     call_kernel,
     check_byte_bound,
+    compiled_for,
     fail,
     keeping,
     lower_or_note_limit,
@@ -205,16 +206,23 @@ def compiled_module_bytes(
     case: Case, pass_names: Sequence[str], records: list[ByteRecord], *, topology: str, check: str
 ) -> None:
     """The forward (and backward) pass compiled by the real compiler of ``topology`` (libtpu's for a
-    TPU slice, XLA:GPU's for GPUs: :func:`~conformance.checks.tpu_schedule.compiler_of`): its
+    TPU slice, XLA:GPU's for GPUs: :func:`~conformance.checks.on_topology.compiler_of`): its
     collectives the family allows, its bytes within the bound, read from the module the target
     really runs (loops counted per trip, what a compiler removed gone)."""
+    with compiled_for(topology):
+        _compiled_module_bytes(case, pass_names, records, topology=topology, check=check)
+
+
+def _compiled_module_bytes(
+    case: Case, pass_names: Sequence[str], records: list[ByteRecord], *, topology: str, check: str
+) -> None:
     spec, impl = case.spec, case.implementation
     itemsize, n = runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
-    compiler = tpu_schedule.compiler_of(topology)
+    compiler = on_topology.compiler_of(topology)
     for name in pass_names:
         backward = name == "backward"
         compile_it = (
-            tpu_schedule.compiled_pullback_on_topology if backward else tpu_schedule.compiled_on_topology
+            on_topology.compiled_pullback_on_topology if backward else on_topology.compiled_on_topology
         )
 
         def compiled(compile_it=compile_it, name=name) -> Any:
@@ -225,7 +233,7 @@ def compiled_module_bytes(
                 raise fail(case, check, what, [f"compiler       : {refusal}"]) from refusal
 
         module = call_kernel(case, check, compiled)
-        summary = hlo.parse_hlo(tpu_schedule.module_text(module, topology))
+        summary = hlo.parse_hlo(on_topology.module_text(module, topology))
         bound_of = spec.backward_max_received_bytes if backward else spec.max_received_bytes
         bound = bound_of(case.dims_map, n, itemsize)
         flags = getattr(module, "flags", "compiler defaults")
@@ -331,6 +339,7 @@ CHECKS = (
     Check(
         "collectives",
         check_collectives,
+        concern="program",
         tables=lambda records: byte_table(
             "forward: bytes received per device / lower bound (compiled HLO)", records
         ),
@@ -341,10 +350,13 @@ CHECKS = (
         axes=Axes(meshes="covering", shapes=True),
     ),
     # the lowering follows the same code path: a mesh of each kind
-    Check("cross_lowering", check_cross_lowering, axes=Axes(meshes="covering", shapes=True)),
+    Check(
+        "cross_lowering", check_cross_lowering, concern="program", axes=Axes(meshes="covering", shapes=True)
+    ),
     Check(
         "lowered_bytes",
         check_lowered_bytes,
+        concern="program",
         tables=lambda records: byte_table(
             "16- and 8-bit: bytes received per device / bound (modules lowered for each target; for "
             "TPU, where libtpu is installed, compiled by the real TPU compiler)",

@@ -100,7 +100,17 @@ def _bytes_table(records: list[Any]) -> list[tuple[str, list[str]]]:
 
 
 CHECKS = (
-    Check("gpu_schedule", check_gpu_schedule, tables=lambda records: schedule_table(records, "GPU")),
-    Check("gpu_memory", check_gpu_memory, tables=lambda records: memory_table(records, "GPU", device="GPU")),
-    Check("gpu_bytes", check_gpu_bytes, tables=_bytes_table),
+    Check(
+        "gpu_schedule",
+        check_gpu_schedule,
+        concern="performance",
+        tables=lambda records: schedule_table(records, "GPU"),
+    ),
+    Check(
+        "gpu_memory",
+        check_gpu_memory,
+        concern="performance",
+        tables=lambda records: memory_table(records, "GPU", device="GPU"),
+    ),
+    Check("gpu_bytes", check_gpu_bytes, concern="program", tables=_bytes_table),
 )

@@ -159,6 +159,7 @@ CHECKS = (
     Check(
         "overlap",
         check_overlap,
+        concern="performance",
         tables=overlap_table,
         # the dataflow of a ring's steps: a ring of each kind (of 2 or more), the longest among them
         axes=Axes(meshes="covering", shapes=True, families_with="overlap", min_ring=2),

@@ -15,6 +15,7 @@ from conformance.checks.base import (
     Check,
     call_kernel,
     compare_with_reference,
+    compiled_for,
     fail,
     keeping,
     require_array,
@@ -67,7 +68,7 @@ def check_tpu_layout(case: Case) -> TpuLayoutRecord:
     args = runner.abstract_args(case, mesh=mesh)
     record = TpuLayoutRecord(case.family, case.impl, case.dtype, case.dims, None, judge=judge)
     records = [record]
-    with keeping(records):
+    with keeping(records), compiled_for(topology):
         try:
             call_kernel(case, "tpu_layout", lambda: tpu_compiler.compile_on(fn, args), passing=REFUSALS)
         except mosaic.TpuConstraintError as refusal:
@@ -240,7 +241,7 @@ def tpu_layout_table(records: list[Any]) -> list[tuple[str, list[str]]]:
 
 
 CHECKS = (
-    Check("tpu_layout", check_tpu_layout, tables=tpu_layout_table),
+    Check("tpu_layout", check_tpu_layout, concern="program", tables=tpu_layout_table),
     Check(
         "races",
         check_races,

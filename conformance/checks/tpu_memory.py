@@ -26,15 +26,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from conformance import compat, registry, tpu_compiler
-from conformance.checks.base import Check, NotJudged, fail, keeping
+from conformance.checks.base import Check, NotJudged, compiled_for, fail, keeping
+from conformance.checks.on_topology import compiled_on_topology, compiled_or_fail
 from conformance.checks.target_tables import size_legend, topology_rows
-from conformance.checks.tpu_schedule import (
-    SCHEDULE_TOPOLOGIES,
-    compiled_on_topology,
-    compiled_or_fail,
-    compilers_own_case,
-    ring_topologies,
-)
+from conformance.checks.tpu_schedule import SCHEDULE_TOPOLOGIES, compilers_own_case, ring_topologies
 from conformance.runner import Case
 
 #: A kernel's peak HBM bytes per chip may be at most this many times the baseline's (module doc).
@@ -114,7 +109,8 @@ def check_memory(
     records: list[Any] = []
     with keeping(records):
         for topology in found:
-            _judge(case, base_case, topology, records, compiler=compiler, check=check, record=record)
+            with compiled_for(topology):
+                _judge(case, base_case, topology, records, compiler=compiler, check=check, record=record)
     return records
 
 
@@ -219,4 +215,4 @@ def _mib(nbytes: int | None) -> str:
     return "n/a" if nbytes is None else f"{nbytes / (1 << 20):.1f} MiB"
 
 
-CHECKS = (Check("tpu_memory", check_tpu_memory, tables=tpu_memory_table),)
+CHECKS = (Check("tpu_memory", check_tpu_memory, concern="performance", tables=tpu_memory_table),)

@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 from conformance import compat, mosaic, tpu_compiler
-from conformance.checks.base import Check, NotJudged, call_kernel, fail, keeping
+from conformance.checks.base import Check, NotJudged, call_kernel, compiled_for, fail, keeping
+from conformance.checks.on_topology import compiled_on_topology
 from conformance.checks.target_tables import judges_line
-from conformance.checks.tpu_schedule import compiled_on_topology
 from conformance.runner import Case
 
 #: The pod meshes: 1-D rings over a whole v5e slice.
@@ -69,7 +69,7 @@ def check_tpu_pod(case: Case) -> TpuPodRecord:
         records.append(made)
         return made
 
-    with keeping(records):
+    with keeping(records), compiled_for(topology):
         try:
             compiled = call_kernel(
                 case,
@@ -116,4 +116,4 @@ def tpu_pod_table(records: list[Any]) -> list[tuple[str, list[str]]]:
     return [("TPU pod scale: compiled for whole v5e slices by the real TPU compiler", lines)]
 
 
-CHECKS = (Check("tpu_pod", check_tpu_pod, tables=tpu_pod_table),)
+CHECKS = (Check("tpu_pod", check_tpu_pod, concern="program", tables=tpu_pod_table),)

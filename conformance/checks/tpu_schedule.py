@@ -17,17 +17,26 @@ one is the TPU verdict.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
-import jax
+import numpy as np
 
-from conformance import compat, dtypes, hlo, registry, runner, target_compiles, tpu_compiler
+from conformance import compat, dtypes, hlo, registry, target_compiles, tpu_compiler
 from conformance import session as session_lib
 from conformance.checks import target_tables
-from conformance.checks.base import Check, NotJudged, call_kernel, fail, keeping
+from conformance.checks.base import (
+    Check,
+    ConformanceFailure,
+    NotJudged,
+    compiled_for,
+    fail,
+    keeping,
+)
+from conformance.checks.on_topology import compiled_on_topology, compiled_or_fail, compiler_of, schedule_of
 from conformance.checks.overlap import PALLAS_OVERLAP
+from conformance.checks.schedule_causes import how_to_hide, passes_rule, why_exposed
 from conformance.checks.target_tables import size_text
 from conformance.runner import Case
 
@@ -72,6 +81,9 @@ class TpuScheduleRecord:
     flags: str = "compiler defaults"
     #: The check failed the kernel at this topology and size (its verdict, :func:`_fails`).
     failed: bool = False
+    #: Bytes of the operands one device holds at this size: the same for every kernel of the family
+    #: there (the plots' x axis; a kernel's own transfers differ in size).
+    argument: int = 0
 
 
 def _hop_bytes(module: hlo.HloModule) -> int:
@@ -101,9 +113,26 @@ def check_schedule(
     if not spec.overlap:
         raise NotJudged(f"family {case.family} has no compute to hide its transfers behind")
     records: list[Any] = []
+    failures: list[ConformanceFailure] = []
     with keeping(records):
         for topology in ring_topologies(case, compiler, topologies, what=f"the {compiler.NAME} schedule"):
-            _judge(case, topology, records, compiler=compiler, check=check, record=record)
+            # every topology judged, so that the tables hold the whole ladder; the first failure says
+            # why (the recompiles that name a cause are made for it alone)
+            try:
+                with compiled_for(topology):
+                    _judge(
+                        case,
+                        topology,
+                        records,
+                        compiler=compiler,
+                        check=check,
+                        record=record,
+                        why=not failures,
+                    )
+            except ConformanceFailure as failure:
+                failures.append(failure)
+        if failures:
+            raise failures[0]
     return records
 
 
@@ -119,77 +148,6 @@ def ring_topologies(
     if not found or len(case.mesh.shape) != 1:
         raise NotJudged(f"{what} is compiled for 1-D rings of {sorted(topologies)} {compiler.DEVICE}s")
     return found
-
-
-def compiler_of(topology: str) -> Any:
-    """The compiler module that compiles for ``topology``: ``h100:1x1x8`` is XLA:GPU's, ``v5e:2x4``
-    libtpu's."""
-    from conformance import gpu_compiler
-
-    return gpu_compiler if topology.split(":", 1)[0] in gpu_compiler.TARGETS else tpu_compiler
-
-
-def compiled_on_topology(case: Case, topology: str, *, options: tuple[tuple[str, object], ...] = ()) -> Any:
-    """``case``'s kernel compiled by the real compiler of ``topology`` (its forward pass, on a mesh of
-    the case's shape over the topology's devices; :func:`compiler_of`), with compile ``options``
-    besides the run's: one compile shared by every check of the TPU (or GPU) tier.
-    :class:`~conformance.tpu_compiler.CompilerRefusal` where the compiler refuses it."""
-    return _compiled(case, topology, options, session_lib.current().settings.compiler_options)
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled(case: Case, topology: str, options: tuple, run_options: tuple) -> Any:
-    # run_options (the run's --compiler-option pairs, which compile_on reads) only key the cache
-    compiler = compiler_of(topology)
-    mesh = compiler.mesh_on(case.mesh, topology)
-    fn = runner.kernel_on(case, mesh)
-    return compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh), options=dict(options) or None)
-
-
-def compiled_pullback_on_topology(case: Case, topology: str) -> Any:
-    """``case``'s VJP (:func:`conformance.runner.pullback_of`: the backward pass as a training step
-    runs it) compiled by the real compiler of ``topology``."""
-    return _compiled_pullback(case, topology, session_lib.current().settings.compiler_options)
-
-
-@functools.lru_cache(maxsize=32)
-def _compiled_pullback(case: Case, topology: str, run_options: tuple) -> Any:
-    compiler = compiler_of(topology)
-    mesh = compiler.mesh_on(case.mesh, topology)
-    fn = runner.kernel_on(case, mesh)
-    out = runner.expected_out_sharding(case, mesh=mesh)
-    cotangent = jax.ShapeDtypeStruct(case.out_shape, dtypes.result_np(case.dtype), sharding=out)
-    args = (*runner.abstract_args(case, mesh=mesh), cotangent)
-    return compiler.compile_on(runner.pullback_of(fn), args)
-
-
-def module_text(compiled: Any, topology: str) -> str:
-    """The compiled module's text; a host limit where this jaxlib gives none (jaxlib 0.6.2's
-    deviceless GPU executable: "GetHloModules is not supported")."""
-    text = compiled.as_text()
-    if text is None:
-        raise compat.HostLimit(
-            f"jaxlib {jax.__version__}'s {compiler_of(topology).NAME} executable compiled for {topology} "
-            "gives no module text to read"
-        )
-    return text
-
-
-def compiled_or_fail(case: Case, topology: str, check: str) -> Any:
-    """:func:`compiled_on_topology`; the compiler's refusal is the kernel's failure, quoted."""
-
-    def compile_it() -> Any:
-        try:
-            return compiled_on_topology(case, topology)
-        except tpu_compiler.CompilerRefusal as refusal:
-            raise fail(
-                case,
-                check,
-                f"the {compiler_of(topology).NAME} compiler refuses it ({topology})",
-                [f"compiler       : {refusal}"],
-            ) from refusal
-
-    return call_kernel(case, check, compile_it)
 
 
 #: The compile modes a compiler (by ``NAME``) has for its own collective matmul of a family besides
@@ -212,93 +170,6 @@ COMPILER_MODES: dict[tuple[str, str], dict[str, dict[str, object]]] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Serializer:
-    """A compiler transformation known to serialize a ring's transfers behind its matmuls: what it
-    does, the options that turn it off, and the change to a kernel that avoids it."""
-
-    what: str
-    options: tuple[tuple[str, object], ...]
-    avoid: str
-
-
-#: What the failing schedule check turns off, one at a time, to name why transfers are exposed (each
-#: where the compiler knows its option). XLA:GPU's dot merger is the one found on the GPU tier's
-#: kernels (``broken_agmm_steps_share_the_weight``: 0/14 hidden, 14/14 without it, jaxlib 0.10.2);
-#: its collective-permute combiner and a latency-hiding scheduler left off by the user's flags are
-#: the others XLA:GPU has flags for. XLA:TPU's async collective fusion and collective-permute
-#: combiner are the TPU's (neither hides the fori_loop matmul + reduce-scatter ring, libtpu 0.0.42:
-#: that one is its loop's own dataflow, and the verdict says none did).
-SERIALIZERS: dict[str, tuple[Serializer, ...]] = {
-    "GPU": (
-        Serializer(
-            "XLA:GPU's dot merger merged step matmuls that share an operand into fewer dots, each after "
-            "several transfers",
-            (("xla_gpu_dot_merger_threshold_mb", 0),),
-            "give each step's matmul its own copy of the shared operand (an optimization_barrier per step, "
-            "as conformance.kernels._ring.unmerged does), or run with that flag",
-        ),
-        Serializer(
-            "XLA:GPU's collective-permute combiner merged the ring's transfers into fewer, larger ones",
-            (("xla_gpu_collective_permute_combine_threshold_bytes", 0),),
-            "make each step's transfer depend on the step before it (the built-ins pace the ring with an "
-            "optimization_barrier), or run with that flag",
-        ),
-        Serializer(
-            "XLA:GPU's latency-hiding scheduler is off under these flags",
-            (("xla_gpu_enable_latency_hiding_scheduler", True),),
-            "run with XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true",
-        ),
-    ),
-    "TPU": (
-        Serializer(
-            "XLA:TPU's async collective fusion fused a transfer's result into the computation after it",
-            (("xla_tpu_enable_async_collective_fusion", False),),
-            "keep what consumes a received block apart from the next step's matmul (an "
-            "optimization_barrier), or run with that flag",
-        ),
-        Serializer(
-            "XLA:TPU's collective-permute combiner merged the ring's transfers",
-            (("xla_tpu_enable_collective_permute_combiner", False),),
-            "make each step's transfer depend on the step before it, or run with that flag",
-        ),
-    ),
-}
-
-
-def passes_rule(scheduled: hlo.Schedule) -> bool:
-    """Every transfer but one per ring direction has a matmul inside it, and at least one does."""
-    return bool(scheduled.hidden) and scheduled.total - scheduled.hidden <= scheduled.rings
-
-
-def why_exposed(case: Case, topology: str, *, compiler: Any) -> list[str]:
-    """The verdict's lines on the cause: the first of :data:`SERIALIZERS` whose removal lets the
-    case's transfers hide (recompiled with it off), or that none of them does."""
-    tried = []
-    for serializer in SERIALIZERS.get(compiler.NAME, ()):
-        flags = ", ".join(f"{k}={v}" for k, v in serializer.options)
-        try:
-            _, scheduled = _scheduled(
-                compiled_on_topology(case, topology, options=serializer.options), topology
-            )
-        except (tpu_compiler.CompilerRefusal, compat.HostLimit, hlo.HloParseError):
-            continue  # a compiler without the option, or a module it cannot read: not this one
-        tried.append(flags)
-        if passes_rule(scheduled):
-            return [
-                f"cause          : {serializer.what} (with {flags}: {scheduled.fraction} hidden, run order "
-                f"{scheduled.order_text()[:120]})",
-                f"avoid          : {serializer.avoid}",
-            ]
-    if not tried:
-        return []
-    return [
-        "cause          : none of the known serializing transformations, each turned off "
-        f"({'; '.join(tried)}), lets its transfers hide: the kernel's own dataflow or the scheduler's "
-        "cost model orders them so"
-    ]
-
-
 def standing_of(exposed: int, compiler_exposed: int | None) -> str:
     """Where a kernel whose schedule leaves ``exposed`` bytes exposed stands beside the compiler's own
     collective matmul (``compiler_exposed``): ``ahead``, ``level``, ``behind``, or ``""``."""
@@ -319,11 +190,6 @@ def compilers_own_case(case: Case) -> Case | None:
     return Case.make(case.family, own.name, case.mesh, dict(case.dims), case.dtype)
 
 
-def _scheduled(compiled: Any, topology: str) -> tuple[hlo.HloModule, hlo.Schedule]:
-    module = hlo.parse_module(module_text(compiled, topology))
-    return module, hlo.schedule(module)
-
-
 def _compiler_exposed(case: Case, topology: str) -> tuple[int | None, str]:
     """The compiler's own collective matmul at ``case``'s topology and size, in its best mode (its
     default under the run's flags, or one of :data:`COMPILER_MODES` that compiles): its exposed
@@ -335,7 +201,7 @@ def _compiler_exposed(case: Case, topology: str) -> tuple[int | None, str]:
     best: tuple[int, str] | None = None
     for mode, options in modes.items():
         try:
-            _, scheduled = _scheduled(compiled_on_topology(own, topology, options=options), topology)
+            _, scheduled = schedule_of(compiled_on_topology(own, topology, options=options), topology)
         except (tpu_compiler.CompilerRefusal, compat.HostLimit, hlo.HloParseError):
             continue  # a mode this compiler does not know or refuses at this size
         found = (scheduled.exposed_bytes, scheduled.order_text() + (f" (in its {mode} mode)" if mode else ""))
@@ -348,11 +214,20 @@ def _modes(case: Case, topology: str) -> dict[str, dict[str, object]]:
     return COMPILER_MODES.get((compiler_of(topology).NAME, case.family), {})
 
 
-def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, check: str, record: type) -> None:
+def _judge(
+    case: Case,
+    topology: str,
+    records: list[Any],
+    *,
+    compiler: Any,
+    check: str,
+    record: type,
+    why: bool = True,
+) -> None:
     impl = case.implementation
     judge = compiler.judge(topology)
     compiled = compiled_or_fail(case, topology, check)
-    module, scheduled = _scheduled(compiled, topology)
+    module, scheduled = schedule_of(compiled, topology)
     compiler_exposed, compiler_order = (None, "") if impl.baseline else _compiler_exposed(case, topology)
     standing = standing_of(scheduled.exposed_bytes, compiler_exposed)
     hidden = passes_rule(scheduled)
@@ -376,6 +251,7 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             standing=standing,
             flags=getattr(compiled, "flags", "compiler defaults"),
             failed=fails,
+            argument=_argument_bytes(case),
         )
     )
     if impl.compilers_own:
@@ -438,8 +314,8 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
                 else []
             ),
             f"judge          : {judge}, the scheduled module of jit(...).lower(...).compile(), under {flags}",
-            *why_exposed(case, topology, compiler=compiler),
-            *_how(case, topology, scheduled),
+            *(why_exposed(case, topology, compiler=compiler) if why else []),
+            *(how_to_hide(case, topology, scheduled) if why else [f"how            : {case.spec.overlap}"]),
             "exposed transfers:",
             *(
                 f"  {t.kind} {t.name} in {t.computation}" + (f" (x{t.times})" if t.times != 1 else "")
@@ -447,6 +323,12 @@ def _judge(case: Case, topology: str, records: list[Any], *, compiler: Any, chec
             ),
         ],
     )
+
+
+def _argument_bytes(case: Case) -> int:
+    """The bytes of ``case``'s operands one device holds (every operand sharded over the ring)."""
+    itemsize = np.dtype(dtypes.operand_np(case.dtype)).itemsize
+    return sum(math.prod(shape) for shape in case.operand_shapes) * itemsize // case.mesh.num_devices
 
 
 def _fails(case: Case, *, hidden: bool, standing: str) -> bool:
@@ -481,61 +363,6 @@ def _verdict_line(standing: str, scheduled: hlo.Schedule, compiler_exposed: int 
     )
 
 
-def _how(case: Case, topology: str, scheduled: hlo.Schedule) -> list[str]:
-    """The change that would hide this kernel's transfers on this compiler: pacing, where the family's
-    paced built-in ring with the same number of ring directions, compiled here at this size with
-    and without its pacing, shows pacing is the lever; the family's general advice otherwise."""
-    spec = case.spec
-    measured = pacing_measured(case, topology, rings=scheduled.rings)
-    if measured is None:
-        return [f"how            : {spec.overlap}"]
-    name, paced, unpaced = measured
-    figures = (
-        f"the built-in {name} hides {paced.fraction} paced ({paced.order_text()[:60]}) and "
-        f"{unpaced.fraction} with its pacing taken out ({unpaced.order_text()[:60]})"
-    )
-    if passes_rule(paced) and not passes_rule(unpaced):
-        return [
-            f"how            : pace the ring: {spec.pacing}",
-            f"measured       : pacing is the lever here ({topology}, this size): {figures}",
-        ]
-    return [
-        f"how            : {spec.overlap}",
-        f"measured       : pacing is not the lever here ({topology}, this size): {figures}",
-    ]
-
-
-def pacing_measured(
-    case: Case, topology: str, *, rings: int
-) -> tuple[str, hlo.Schedule, hlo.Schedule] | None:
-    """The family's first registered ring with an ``unpaced`` twin and ``rings`` ring directions, and
-    the schedules of it and of its twin compiled for ``topology`` at ``case``'s size; ``None`` where
-    the family has none, or none compiles."""
-    for impl in registry.registered(case.family):
-        if impl.unpaced is None or impl.name == case.impl:
-            continue
-        reference = Case.make(case.family, impl.name, case.mesh, dict(case.dims), case.dtype)
-        try:
-            _, paced = _scheduled(compiled_on_topology(reference, topology), topology)
-            if paced.rings != rings:
-                continue
-            unpaced = _compiled_unpaced(reference, topology, session_lib.current().settings.compiler_options)
-            return impl.name, paced, _scheduled(unpaced, topology)[1]
-        except (tpu_compiler.CompilerRefusal, compat.HostLimit, hlo.HloParseError):
-            continue
-    return None
-
-
-@functools.lru_cache(maxsize=16)
-def _compiled_unpaced(case: Case, topology: str, run_options: tuple) -> Any:
-    # run_options (the run's --compiler-option pairs, which compile_on reads) only key the cache
-    compiler = compiler_of(topology)
-    mesh = compiler.mesh_on(case.mesh, topology)
-    keywords = {"mesh": mesh, "axis_name": case.mesh.axis_name, **dtypes.kernel_keywords(case.dtype)}
-    fn = functools.partial(case.implementation.unpaced, **keywords)
-    return compiler.compile_on(fn, runner.abstract_args(case, mesh=mesh))
-
-
 def behind_fails(case: Case) -> bool:
     """Whether being behind the compiler's own collective matmul fails ``case``: its kernel declares
     it is not (``ahead_of_compiler=True``), or the run says so (``--behind-compiler=fail``)."""
@@ -554,7 +381,7 @@ def _record_modes(case: Case, topology: str, records: list[Any], *, compiler: An
     for mode, options in _modes(case, topology).items():
         try:
             compiled = compiled_on_topology(case, topology, options=tuple(sorted(options.items())))
-            module, scheduled = _scheduled(compiled, topology)
+            module, scheduled = schedule_of(compiled, topology)
         except tpu_compiler.CompilerRefusal as refusal:
             if "No such compile option" in str(refusal):
                 continue  # this compiler has no such mode
@@ -590,4 +417,4 @@ def tpu_schedule_table(records: list[Any]) -> list[tuple[str, list[str]]]:
     return target_tables.schedule_table(records, "TPU")
 
 
-CHECKS = (Check("tpu_schedule", check_tpu_schedule, tables=tpu_schedule_table),)
+CHECKS = (Check("tpu_schedule", check_tpu_schedule, concern="performance", tables=tpu_schedule_table),)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import claims, gpu_compiler, plugin_kernels, pytest_plugin, registry, tpu_compiler
+from conformance import claims, gpu_compiler, plugin_kernels, plugin_options, registry, tpu_compiler
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
@@ -415,7 +415,7 @@ def test_a_replay_prints_the_check_and_none_of_the_compilers_start_up_logs(tmp_p
     ],
 )
 def test_the_compile_tiers_a_mark_expression_asks_for(markexpr: str | None, tiers: list[str]) -> None:
-    assert pytest_plugin.tiers_asked_for(markexpr) == tiers
+    assert plugin_options.tiers_asked_for(markexpr) == tiers
 
 
 def test_a_compile_tier_asked_for_by_marker_runs_or_is_a_usage_error(tmp_path: Path) -> None:

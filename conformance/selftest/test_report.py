@@ -30,6 +30,8 @@ def _outcome(
     case: Case | None = None,
     what: str | None = None,
     impl: str = IMPL,
+    mesh: str | None = None,
+    dtype: str | None = None,
 ) -> results.Outcome:
     """A test's outcome as the run log has it; a failure carries the check's failure, if it gave one."""
     failure = None
@@ -47,6 +49,8 @@ def _outcome(
         shape=shape,
         what=what,
         failure=failure,
+        mesh=mesh,
+        dtype=dtype,
     )
 
 
@@ -80,7 +84,8 @@ def test_one_defect_in_many_checks_is_one_cause_at_its_smallest_case() -> None:
     assert text.count(WRONG) == 1, text  # one cause, not forty-odd failures
     assert f"in output_sharding {n}, races {n}, values 1" in text, text
     assert "smallest: 2-x-auto:rows_per_shard=1,cols=128:float32:seed=0:dma=eager (values)" in text, text
-    assert lines[-1].startswith("  start here : python -m conformance replay values all_gather"), text
+    assert lines[-2].startswith("  start here : python -m conformance replay values all_gather"), text
+    assert lines[-1] == f"               ({report.START_HERE_RULE})", text
 
 
 def test_distinct_causes_are_listed_smallest_first_and_passing_kernels_not_at_all() -> None:
@@ -97,6 +102,76 @@ def test_distinct_causes_are_listed_smallest_first_and_passing_kernels_not_at_al
     causes = [m[1] for line in lines if (m := re.match(r"\s+\d+x (.*)$", line))]
     assert causes == ["differ", "a race", "tpu_layout: no verdict line (see the test's report)"], text
     assert "needs the" not in text  # both shapes fail: no hint that one shape is the cause
+
+
+def _on_rings(check: str, failing: set[int], *, what: str = WRONG, dtype: str | None = None) -> list:
+    """``check`` on a 1-D ring of each length 1 to 8, failed on the ``failing`` lengths."""
+    return [
+        _outcome(check, "failed", None, _case(f"{n}-x-auto", 1), what, mesh=f"{n}-x-auto", dtype=dtype)
+        if n in failing
+        else _outcome(check, "passed", mesh=f"{n}-x-auto", dtype=dtype)
+        for n in range(1, 9)
+    ]
+
+
+def test_failures_on_some_ring_lengths_only_are_named_with_what_they_share() -> None:
+    """A ring wrapped with a bit mask: wrong on rings of 3, 5, 6 and 7, right on 1, 2, 4 and 8."""
+    text = "\n".join(
+        report.summarize(_on_rings("values", {3, 5, 6, 7}) + _on_rings("gradients", {3, 5, 6, 7}))
+    )
+    assert (
+        "  meshes: gradients, values failed on rings of 3, 5, 6, 7 only and passed on rings of 1, 2, 4, 8"
+        in text
+    ), text
+    assert "-> every failing ring length is no power of two" in text, text
+    odd = "\n".join(report.summarize(_on_rings("values", {3, 5, 7})))
+    assert "failed on rings of 3, 5, 7 only" in odd and "every failing ring longer than one is odd" in odd, (
+        odd
+    )
+    everywhere = "\n".join(report.summarize(_on_rings("values", set(range(1, 9)))))
+    assert "meshes:" not in everywhere, everywhere  # nothing tells the failing meshes apart
+
+
+def test_failures_on_other_device_orders_only_are_named() -> None:
+    meshes = {"8-x-auto": "passed", "8-x-explicit": "passed", "8-x-explicit-reversed": "failed"}
+    verdicts = [
+        _outcome(
+            "values",
+            got,
+            None,
+            _case(m, 1) if got == "failed" else None,
+            WRONG if got == "failed" else None,
+            mesh=m,
+        )
+        for m, got in meshes.items()
+    ]
+    text = "\n".join(report.summarize(verdicts))
+    assert "meshes: values failed on device order reversed only and passed on device order ids" in text, text
+    assert "device ids, not mesh positions" in text, text
+
+
+def test_failures_at_some_dtypes_only_are_named() -> None:
+    verdicts = [
+        _outcome("dtype", "failed", None, _case("8-x-auto", 1), "wrong dtype", dtype=d)
+        for d in ("bfloat16", "float16")
+    ] + [_outcome("dtype", "passed", dtype=d) for d in ("float32", "int32")]
+    text = "\n".join(report.summarize(verdicts))
+    assert "  dtypes: dtype failed at bfloat16, float16 only and passed at float32, int32" in text, text
+
+
+def test_start_here_is_the_first_wrong_result_before_a_smaller_performance_defect() -> None:
+    """A kernel whose overlap fails on 2 devices and whose accuracy fails on 8: the wrong result
+    comes first (then precision, program, performance), whatever the case sizes."""
+    verdicts = [
+        _outcome("overlap", "failed", None, _case("2-x-auto", 1), "no matmul is independent of it"),
+        _outcome("accuracy", "failed", None, _case("8-x-auto", 3), "less accurate than the baseline"),
+        _outcome("values", "failed", None, _case("8-x-auto", 3), WRONG),
+    ]
+    lines = report.summarize(verdicts)
+    causes = [m[1] for line in lines if (m := re.match(r"\s+\d+x (.*)$", line))]
+    assert causes == [WRONG, "less accurate than the baseline", "no matmul is independent of it"], lines
+    start = next(line for line in lines if "start here" in line)
+    assert "replay values" in start, lines
 
 
 def test_no_failures_no_summary() -> None:
@@ -132,9 +207,24 @@ def _ladder_document() -> dict:
     passed = [
         results.Outcome(id="ok", nodeid="ok", outcome="passed", family=FAMILY, impl="ring", check="values")
     ]
-    schedule = [
-        TpuScheduleRecord("allgather_matmul", impl, "v5e:2x4", 8, (), hop, hidden, 7, "SMD", base, "libtpu x")
-        for impl, base, hidden in (("ring", False, 7), ("xla", True, 0))
+    schedule = [  # the ring hides every hop; the compiler's own leaves one exposed
+        TpuScheduleRecord(
+            "allgather_matmul",
+            impl,
+            "v5e:2x4",
+            8,
+            (),
+            hop,
+            hidden,
+            7,
+            "SMD",
+            base,
+            "libtpu x",
+            exposed_bytes=(7 - hidden) * hop,
+            compiler_exposed=None if base else 6 * hop,
+            argument=3 * hop,
+        )
+        for impl, base, hidden in (("ring", False, 7), ("xla", True, 1))
         for hop in (1 << 18, 1 << 20, 1 << 22)
     ]
     memory = [
@@ -166,6 +256,7 @@ def _ladder_document() -> dict:
         duration_s=1.0,
         stale=[],
         command=["pytest"],
+        summary=report.summarize(failed),
     )
 
 
@@ -174,12 +265,16 @@ def test_the_html_page_groups_failures_by_cause_and_draws_the_ladders() -> None:
     assert page.count('class="cause-group"') == 1, "one kernel failed"
     assert page.count('class="cause"') == 2, "two causes, each once"
     assert f"<b>3x</b> {WRONG}" in page and "<b>1x</b> transfers exposed" in page
-    # the smallest case first, with its replay line
-    smallest = page.index("smallest: <code>all_gather/kernel_dropping_odd_rows/values/0</code>")
-    assert smallest < page.index("start here: <code>python -m conformance replay values")
+    # each cause's replay line shown without unfolding it, before its smallest case's message
+    replay = page.index('<span class="replay">replay: <code>python -m conformance replay values')
+    assert replay < page.index("</summary>") < page.index("smallest: <code>all_gather/")
+    # the terminal's summary above the causes: where to start and why there
+    assert page.index('<pre class="summary"') < page.index('class="cause-group"'), page
+    assert f"3x {WRONG}" in page[page.index('<pre class="summary"') :], page
     assert page.count('<svg class="ladder"') == 3, "one plot per ladder table"
     assert page.count('class="series"') == 7 and 'stroke-dasharray="5 3"' in page, "baseline dashed"
-    assert page.count('class="limit"') == 1 and "the limit: 3x the baseline" in page, "memory's limit"
+    assert page.count('class="limit"') == 2 and "the limit: 3x the baseline" in page, "memory's limit"
+    assert "MiB exposed per call" in page and "collective matmul: a kernel above it" in page
     assert page.count('class="missing"') == 1 and "ring2: no value at 4 MiB (it failed there)" in page
     assert "<rect x=" in page and "<polygon points=" in page, "a marker shape per line"
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
@@ -208,7 +303,7 @@ def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
     assert dom.returncode == 0, dom.stderr[-2000:]
     shown = dom.stdout
     assert shown.count('class="series"') == 7 and shown.count("<svg") == 3, shown[:3000]
-    assert shown.count('class="limit"') == 1 and shown.count('class="missing"') == 1, shown[:3000]
+    assert shown.count('class="limit"') == 2 and shown.count('class="missing"') == 1, shown[:3000]
     shot = tmp_path / "report.png"
     done = subprocess.run(
         [
