@@ -82,7 +82,7 @@ def fail(case: CheckedCase, check: str, what: str, details: Sequence[str] = ()) 
     header = case.describe()
     topology = _COMPILED_FOR.get()
     if topology is not None and isinstance(case, Case):
-        mesh = f"mesh           : {case.mesh.describe()} over the chips of {topology} (compiled; nothing ran)"
+        mesh = f"mesh           : {case.mesh.describe()}, on the chips of {topology} (compiled; nothing ran)"
         header = [mesh if h.startswith("mesh           : ") else h for h in header]
     lines = [f"[{check}] {case.family}/{case.impl}: {what}", *("  " + h for h in header)]
     lines += ["  " + d for d in details]
