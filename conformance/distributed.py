@@ -17,6 +17,7 @@ import time
 import jax
 
 from conformance import compat
+from conformance import session as session_lib
 from conformance.launch import DEVICES_PER_PROCESS, LOG_DIR, NUM_PROCESSES, PROCESS_ID
 
 #: Why a Pallas kernel's checks on CPU skip in a multi-process job.
@@ -61,8 +62,6 @@ def note_current_test(nodeid: str) -> None:
 
 #: How long a rank waits for the others' answer before saying which did not answer.
 AGREE_TIMEOUT_S = 600.0
-_test = [""]
-_rounds: dict[str, int] = {}
 
 
 class RankGaveUp(RuntimeError):
@@ -119,12 +118,6 @@ def job_layout_problem() -> str | None:
     return None
 
 
-def begin_test(nodeid: str) -> None:
-    """Rounds of :func:`exchange` are numbered per test (the plugin calls this at each test's setup)."""
-    _test[0] = nodeid
-    _rounds.clear()
-
-
 def _try_get(client, key: str) -> str | None:
     try:
         return client.key_value_try_get(key)
@@ -134,28 +127,32 @@ def _try_get(client, key: str) -> str | None:
 
 #: The longest pause between two looks for the other ranks' answers. Polled, not a blocking get:
 #: under JAX 0.6.2 two ranks each in ``blocking_key_value_get`` for the other's key, both posted,
-#: were seen waiting for ever (the timeout self-test, session 10).
+#: were seen waiting for ever (in the timeout self-test).
 _MAX_PAUSE_S = 0.01
 
 
 def exchange(topic: str, text: str) -> list[str]:
     """Every rank's ``text`` for this step of the current test, in rank order.
 
-    Every rank calls it at the same steps. Plain text through the job's key-value store
-    (nothing is unpickled). A rank that posts a later step (its ``verdict`` of the check, or the
-    test's ``outcome``) while the others wait at an earlier one makes them raise
+    Every rank calls it at the same steps, within the run's session, whose
+    :class:`~conformance.session.Agreement` numbers the steps. Plain text through the job's
+    key-value store (nothing is unpickled). A rank that posts a later step (its ``verdict`` of the
+    check, or the test's ``outcome``) while the others wait at an earlier one makes them raise
     :class:`RankGaveUp` instead of waiting for ever.
     """
     if not is_multi_process():
         return [text]
+    active = session_lib.active_or_none()
+    if active is None:
+        raise RuntimeError(f"an exchange of {topic!r} in a multi-process job outside a session of the suite")
+    agreement = active.agreement
     rank, size = rank_and_size()
-    _rounds[topic] = _rounds.get(topic, 0) + 1
-    base = f"conformance/{_test[0]}/{topic}/{_rounds[topic]}"
+    base = f"conformance/{agreement.test}/{topic}/{agreement.next_round(topic)}"
     # A rank that has posted a later step of this test (its verdict, or its outcome: the test's last
     # exchange) will never post this one: watch for those instead of waiting for ever.
-    test = f"conformance/{_test[0]}"
+    test = f"conformance/{agreement.test}"
     watch = {"outcome": [], "verdict": [f"{test}/outcome/1"]}.get(
-        topic, [f"{test}/verdict/{_rounds.get('verdict', 0) + 1}", f"{test}/outcome/1"]
+        topic, [f"{test}/verdict/{agreement.rounds.get('verdict', 0) + 1}", f"{test}/outcome/1"]
     )
     client = _client()
     client.key_value_set(f"{base}/{rank}", text)
@@ -185,7 +182,7 @@ def exchange(topic: str, text: str) -> list[str]:
                 missing = [r for r in range(size) if r not in got]
                 raise RuntimeError(
                     f"rank {rank}: ranks {missing} gave no {topic!r} answer in "
-                    f"{AGREE_TIMEOUT_S:g} s in {_test[0] or 'collection'}"
+                    f"{AGREE_TIMEOUT_S:g} s in {agreement.test or 'collection'}"
                 )
             time.sleep(pause)
             pause = min(pause * 2, _MAX_PAUSE_S)

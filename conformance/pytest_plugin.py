@@ -389,7 +389,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     log = run_log(item.config)
     log.current = item.nodeid
     log.last_check.pop(item.nodeid, None)
-    distributed.begin_test(item.nodeid)
+    item.config.stash[SESSION].agreement.begin(item.nodeid)
     if item.get_closest_marker("pallas_interpret") and distributed.is_multi_process():
         pytest.skip(distributed.PALLAS_INTERPRET)
     compile_only = {p for p in ("gpu", "tpu") if item.get_closest_marker(f"{p}_compile")}  # no device

@@ -33,7 +33,8 @@ def run_check(check: Check | str, case: Case, session: session_lib.Session | Non
         if owned:
             session.close()
     if distributed.is_multi_process():
-        outcome = agreed(outcome)
+        with session.active():  # its agreement numbers the exchange
+            outcome = agreed(outcome)
     return outcome
 
 

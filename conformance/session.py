@@ -2,8 +2,10 @@
 
 :class:`Settings` are the bounds a user sets (``--hang-timeout``, ``--check-timeout``,
 ``--isolation``). A :class:`Session` is one run's state: its settings, the kernels that hung
-(their later checks are not judged instead of hanging again), and the worker process that checks
-Pallas kernels on CPU (:mod:`conformance.isolation`). The pytest plugin keeps one in
+(their later checks are not judged instead of hanging again), the worker process that checks
+Pallas kernels on CPU (:mod:`conformance.isolation`), what each compile for a TPU or GPU topology
+gave, and where a multi-process job's ranks are in their exchanges. Nothing of a run is kept in a
+module: two sessions in one process see nothing of each other's. The pytest plugin keeps one in
 ``config.stash`` for the whole session; absltest's ``main``, the replay command and the worker
 process each make their own.
 
@@ -90,6 +92,25 @@ class Settings:
         return options + [f"--compiler-option={name}={value}" for name, value in self.compiler_options]
 
 
+@dataclasses.dataclass
+class Agreement:
+    """Where the ranks of a multi-process job are in their exchanges through the job's key-value store
+    (:func:`conformance.distributed.exchange`): the test they are in, and per topic the rounds so far.
+    Every rank numbers its rounds alike, so each round's keys are the same on every rank."""
+
+    test: str = ""
+    rounds: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def begin(self, test: str) -> None:
+        """Rounds start again at each test (the plugin calls this at each test's setup)."""
+        self.test = test
+        self.rounds.clear()
+
+    def next_round(self, topic: str) -> int:
+        self.rounds[topic] = self.rounds.get(topic, 0) + 1
+        return self.rounds[topic]
+
+
 @dataclasses.dataclass(frozen=True)
 class Hang:
     """A kernel that hung this run: the one-line verdict, and the case it hung on."""
@@ -141,6 +162,11 @@ class Session:
         #: The compiles for TPU and GPU topologies given up past ``compile_timeout_s``, each in a
         #: thread that may still run: what they were.
         self.abandoned_compiles: list[str] = []
+        #: What each compile for a TPU or GPU topology gave this session, by its key: the compile, the
+        #: compiler's refusal, or that it timed out (:func:`conformance.target_compiles.compile_lowered`).
+        self.target_compiles: dict[str, Any] = {}
+        #: This process's place in a multi-process job's exchanges (:class:`Agreement`).
+        self.agreement = Agreement()
         #: The implementation, mesh and platform whose programs the runner holds
         #: (:func:`conformance.runner.held_for`), once a check has run in this process.
         self.held: Any = None

@@ -233,23 +233,22 @@ class UnknownOption(Exception):
     quotes the compiler."""
 
 
-#: In this process: key -> a compile or a refusal's message.
-_MEMORY: dict[str, TargetCompile | str | CompileTimeout] = {}
-
-
 def compile_lowered(
     lowered: Any, *, compiler: str, devices: list[int], options: dict[str, Any] | None = None
 ) -> TargetCompile:
     """``lowered.compile(compiler_options=options)`` as a :class:`TargetCompile`, or the one kept from
-    an earlier compile of the same program for the same ``devices``; :class:`Refused` with the
+    an earlier compile of the same program for the same ``devices`` (this session's, else one kept on
+    disk); :class:`Refused` with the
     compiler's words where it refuses (a refusal is kept too). The compile's :attr:`~TargetCompile.
     flags` say which flags it ran under."""
     key = key_of(lowered, compiler=compiler, options=options, devices=devices)
-    kept = _MEMORY.get(key)
+    session = session_lib.current()
+    memory: dict[str, TargetCompile | str | CompileTimeout] = session.target_compiles
+    kept = memory.get(key)
     if kept is None:
         kept = _read(key)
         if kept is not None:
-            _MEMORY[key] = kept
+            memory[key] = kept
     if kept is None:
         started = time.monotonic()
         try:
@@ -258,8 +257,8 @@ def compile_lowered(
             )
         except CompileTimeout as timeout:
             timeout.compiler = compiler
-            _MEMORY[key] = timeout  # this run does not try the same program again; another run does
-            session_lib.current().abandoned_compiles.append(
+            memory[key] = timeout  # this run does not try the same program again; another run does
+            session.abandoned_compiles.append(
                 f"a compile by {compiler}, past {timeout.seconds:g} s"
             )
             raise
@@ -269,7 +268,7 @@ def compile_lowered(
             kept = TargetCompile(
                 compiled.as_text(), MemoryStats.of(compiled.memory_analysis()), time.monotonic() - started
             )
-        _MEMORY[key] = kept
+        memory[key] = kept
         _write(key, kept)
     if isinstance(kept, CompileTimeout):
         raise CompileTimeout(kept.seconds, kept.compiler, again=True)

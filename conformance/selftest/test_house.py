@@ -34,9 +34,6 @@ pytestmark = pytest.mark.selftest
 MAY_CHANGE = {
     # the registrations of kernels (a test module may register one), not results
     ("conformance.registry", "_REGISTRY"),
-    # the rounds of the key-value exchange of a multi-process job (protocol state of the job)
-    ("conformance.distributed", "_rounds"),
-    ("conformance.distributed", "_test"),
 }
 
 
@@ -106,6 +103,27 @@ def test_running_checks_leaves_no_module_level_state() -> None:
     )
 
 
+def test_two_sessions_in_one_process_see_nothing_of_each_other() -> None:
+    """What a compile for a target gave and a job's exchange rounds live on the session: a second
+    session compiles anew and counts its own rounds."""
+    import jax
+
+    from conformance import target_compiles
+
+    lowered = jax.jit(lambda x: x * 2 + 1).lower(1.0)
+    first, second = session_lib.Session(), session_lib.Session()
+    with first.active():
+        target_compiles.compile_lowered(lowered, compiler="the host's", devices=[0])
+        first.agreement.begin("test_a")
+        assert first.agreement.next_round("verdict") == 1 and first.agreement.next_round("verdict") == 2
+    assert len(first.target_compiles) == 1 and not second.target_compiles
+    with second.active():
+        assert second.agreement.next_round("verdict") == 1 and second.agreement.test == ""
+        target_compiles.compile_lowered(lowered, compiler="the host's", devices=[0])
+    (kept,) = second.target_compiles.values()
+    assert not kept.from_store and kept is not next(iter(first.target_compiles.values()))
+
+
 def test_no_module_carries_the_retired_run_state() -> None:
     """The names that once carried results or settings between modules are gone for good."""
     retired = {
@@ -127,6 +145,9 @@ def test_no_module_carries_the_retired_run_state() -> None:
         "MODE",
         "PROFILE",
         "on_unstoppable",
+        "_MEMORY",
+        "_rounds",
+        "_test",
     }
     found = [f"{m.__name__}.{name}" for m in _package_modules() for name in vars(m) if name in retired]
     found += [f"conformance.pytest_plugin.{n}" for n in ("OUTCOMES", "VERDICTS") if hasattr(pytest_plugin, n)]
