@@ -24,9 +24,9 @@ Importing this package starts no JAX backend.
 from conformance import native_logs
 
 with native_logs.filtered():  # the first import of JAX, where its CUDA plugin may log on a host without CUDA
-    from conformance.mosaic import TpuConstraintError
-    from conformance.mosaic import refuse as refuse_on_tpu
     from conformance.registry import Implementation, implementations, multiples_of, register, registered
+    from conformance.targets.mosaic import TpuConstraintError
+    from conformance.targets.mosaic import refuse as refuse_on_tpu
 
 __all__ = [
     "Implementation",

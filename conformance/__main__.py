@@ -25,8 +25,10 @@ def _load(modules: list[str]) -> None:
     """What the pytest plugin does at start, before any backend starts: the simulated CPU devices, the
     compile-only starts of libtpu and of JAX's CUDA plugin (with no TPU-VM or CUDA start-up errors), a
     mocked GPU topology; then the built-ins and ``modules``."""
-    from conformance import compat, gpu_compiler, plugin_kernels, tpu_compiler
+    from conformance import compat
     from conformance.fixtures.devices import CPU_DEVICE_COUNT
+    from conformance.plugin import kernel_modules
+    from conformance.targets import gpu_compiler, tpu_compiler
 
     compat.configure_cpu_devices(CPU_DEVICE_COUNT)
     tpu_compiler.chipless_start()
@@ -34,15 +36,15 @@ def _load(modules: list[str]) -> None:
     gpu_compiler.configure_from_environment()
     compat.start_backends()
     try:
-        plugin_kernels.import_modules(["conformance.kernels", *modules])
-    except plugin_kernels.KernelsModuleError as e:
+        kernel_modules.import_modules(["conformance.kernels", *modules])
+    except kernel_modules.KernelsModuleError as e:
         raise command_line.UsageError(str(e)) from e
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["launch"]:  # its own parser: everything after -- is the command
-        from conformance import launch
+        from conformance.jobs import launch
 
         return launch.main(argv[1:])
     try:
@@ -81,14 +83,15 @@ def _main(argv: list[str]) -> int:
     listing = sub.add_parser("list", help="list registered implementations per family")
     listing.add_argument("--kernels", action="append", default=[])
     args = parser.parse_args(argv)
-    from conformance import plugin_kernels
+    from conformance.plugin import kernel_modules
 
-    _load(plugin_kernels.split_modules(args.kernels))
+    _load(kernel_modules.split_modules(args.kernels))
 
-    from conformance import checks, registry, specs, target_compiles
+    from conformance import checks, registry, specs
     from conformance.run import run_check
     from conformance.runner import Case
     from conformance.session import Session
+    from conformance.targets import target_compiles
 
     if args.command == "list":
         for family in specs.FAMILIES:

@@ -12,7 +12,7 @@ Value checks draw whole cases with hypothesis (dims, dtype, seed, DMA mode) on e
 fixed-shape checks run each implementation once per mesh at each of the family's two fixed shapes
 (the canonical one, with odd rows per shard, and its even twin) and share that one compile and
 run. A defect that needs an odd shape then fails the odd half only, and the run's summary says so
-(see :mod:`conformance.report`).
+(see :mod:`conformance.reports.failure_summary`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from conformance import checks, claims, compat, registry, runner, specs, strateg
 from conformance.checks import autodiff, gpu_compile, tpu_memory, tpu_pod, tpu_schedule
 from conformance.checks.base import Axes, Check
 from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
-from conformance.outcomes import run_here
 from conformance.run import run_check
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.session import Session
 

@@ -24,9 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from conformance import compat, dtypes, mosaic, registry, tolerances, watchdog
+from conformance import compat, dtypes, registry, tolerances, watchdog
 from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 from conformance.specs.base import FamilySpec
+from conformance.targets import mosaic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,7 +323,7 @@ def compile_lowered(lowered: Any, platform: str) -> Any:
     (:func:`conformance.compat.cpu_compiler_options`: cheaper code generation, the same collectives;
     a compile for a GPU or TPU keeps the backend's defaults); in a multi-process
     job, only once every rank has traced the same program (else each raises, naming the ranks)."""
-    from conformance import distributed
+    from conformance.jobs import distributed
 
     distributed.agree_on_program(lowered, "this call")
     return lowered.compile(compiler_options=compat.cpu_compiler_options() if platform == "cpu" else None)
@@ -396,7 +397,7 @@ def lower_exactly(case: Case, target: str) -> Any:
     cross-lowering and overlap checks of one case read the same module).
 
     A Pallas kernel is lowered as the real kernel (no ``interpret``); a shape it
-    refuses on a TPU raises :class:`conformance.mosaic.TpuConstraintError`.
+    refuses on a TPU raises :class:`conformance.targets.mosaic.TpuConstraintError`.
     """
     return _lowered_for_target(_compile_key(case), target)
 
@@ -474,9 +475,9 @@ def held_for(case: Case) -> tuple[str, str, MeshConfig, str]:
 def release_cases() -> None:
     """Drop every program, trace, lowering and run this module holds (its caches above).
 
-    :func:`conformance.outcomes.run_here` calls it when a check's case is another :func:`held_for`
+    :func:`conformance.run.outcomes.run_here` calls it when a check's case is another :func:`held_for`
     than the last one's: the suite runs one implementation's tests on one mesh together
-    (:func:`conformance.plugin_xdist.in_groups`), and they share what is held while it is. A whole
+    (:func:`conformance.plugin.xdist_workers.in_groups`), and they share what is held while it is. A whole
     ``tox -e cpu`` in one process then holds one such group's executables, not every one it compiled:
     0.75 GB resident at its peak against 1.8 GB, and 580,000 objects at its end for each garbage
     collection to walk against 930,000.

@@ -3,13 +3,13 @@
 :class:`Settings` are the bounds a user sets (``--hang-timeout``, ``--check-timeout``,
 ``--isolation``). A :class:`Session` is one run's state: its settings, the kernels that hung
 (their later checks are not judged instead of hanging again), the worker process that checks
-Pallas kernels on CPU (:mod:`conformance.isolation`), what each compile for a TPU or GPU topology
+Pallas kernels on CPU (:mod:`conformance.run.pallas_worker`), what each compile for a TPU or GPU topology
 gave, and where a multi-process job's ranks are in their exchanges. Nothing of a run is kept in a
 module: two sessions in one process see nothing of each other's. The pytest plugin keeps one in
 ``config.stash`` for the whole session; absltest's ``main``, the replay command and the worker
 process each make their own.
 
-:func:`conformance.outcomes.run_check` makes its session the active one for the duration of one
+:func:`conformance.run.outcomes.run_check` makes its session the active one for the duration of one
 check (:meth:`Session.active`, undone when the check returns), which is how the watchdog deep in
 :mod:`conformance.runner` reads the hang timeout of this run and not of another.
 """
@@ -54,7 +54,7 @@ class Settings:
     #: Seconds one check of a Pallas kernel (compiles and runs) may take in the worker process.
     check_timeout_s: float = 300.0
     #: Seconds one compile for a TPU or GPU topology may take; past it, the compile is abandoned and its
-    #: check fails naming it (:mod:`conformance.target_compiles`).
+    #: check fails naming it (:mod:`conformance.targets.target_compiles`).
     compile_timeout_s: float = 300.0
     #: :data:`ISOLATION_MODES`.
     isolation: str = "process"
@@ -95,7 +95,7 @@ class Settings:
 @dataclasses.dataclass
 class Agreement:
     """Where the ranks of a multi-process job are in their exchanges through the job's key-value store
-    (:func:`conformance.distributed.exchange`): the test they are in, and per topic the rounds so far.
+    (:func:`conformance.jobs.distributed.exchange`): the test they are in, and per topic the rounds so far.
     Every rank numbers its rounds alike, so each round's keys are the same on every rank."""
 
     test: str = ""
@@ -151,19 +151,20 @@ class Session:
         #: The thread bounded calls run on (:class:`conformance.watchdog.BoundedCaller`), started at
         #: first use.
         self.caller: Any = None
-        #: The worker process of :mod:`conformance.isolation`, started at first use.
+        #: The worker process of :mod:`conformance.run.pallas_worker`, started at first use.
         self.worker: Any = None
-        #: Where a pytest session keeps its results (:class:`conformance.results.RunLog`); ``None``
+        #: Where a pytest session keeps its results (:class:`conformance.reports.results.RunLog`); ``None``
         #: for a run that reports each outcome as it comes (absltest, replay, the worker).
         self.log: Any = None
         #: Where compiles for TPU and GPU topologies are kept across processes and runs
-        #: (:mod:`conformance.target_compiles`); ``None``: in this process only.
+        #: (:mod:`conformance.targets.target_compiles`); ``None``: in this process only.
         self.target_compile_dir: str | None = None
         #: The compiles for TPU and GPU topologies given up past ``compile_timeout_s``, each in a
         #: thread that may still run: what they were.
         self.abandoned_compiles: list[str] = []
         #: What each compile for a TPU or GPU topology gave this session, by its key: the compile, the
-        #: compiler's refusal, or that it timed out (:func:`conformance.target_compiles.compile_lowered`).
+        #: compiler's refusal, or that it timed out
+        #: (:func:`conformance.targets.target_compiles.compile_lowered`).
         self.target_compiles: dict[str, Any] = {}
         #: This process's place in a multi-process job's exchanges (:class:`Agreement`).
         self.agreement = Agreement()

@@ -19,11 +19,12 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from conformance import compat, dtypes, runner, target_compiles, tolerances, watchdog
+from conformance import compat, dtypes, runner, tolerances, watchdog
 from conformance.blame import error_locations, error_text
 from conformance.checks import block_map
 from conformance.checks.baseline_case import baseline_of, on_the_baseline
 from conformance.runner import Case
+from conformance.targets import target_compiles
 
 
 class CheckedCase(Protocol):

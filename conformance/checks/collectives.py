@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from conformance import compat, hlo, mosaic, runner, tpu_compiler
+from conformance import compat, hlo, runner
 from conformance.checks import on_topology
 from conformance.checks.base import (
     Axes,
@@ -23,6 +23,7 @@ from conformance.checks.base import (
     records_of,
 )
 from conformance.runner import Case
+from conformance.targets import mosaic, tpu_compiler
 
 
 @dataclasses.dataclass(frozen=True)

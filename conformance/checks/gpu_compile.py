@@ -1,6 +1,6 @@
 """The GPU compile tier: what XLA:GPU really compiles for 8 and 16 H100s, judged like the TPU tier.
 
-Compiled by the real GPU compiler (:mod:`conformance.gpu_compiler`: deviceless from an H100's target
+Compiled by the real GPU compiler (:mod:`conformance.targets.gpu_compiler`: deviceless from an H100's target
 config on any host with JAX's CUDA plugin, or on one GPU with a mocked topology), the module is the
 one XLA:GPU would run: its latency-hiding scheduler's order, its asynchronous collectives
 (``collective-permute-start`` .. ``-done``), its buffer assignment. Three verdicts, each the TPU
@@ -26,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance import gpu_compiler
 from conformance.checks.base import Check, NotJudged, keeping
 from conformance.checks.collectives import ByteRecord, byte_table, compiled_module_bytes
 from conformance.checks.target_tables import schedule_table
 from conformance.checks.tpu_memory import TpuMemoryRecord, check_memory, memory_table
 from conformance.checks.tpu_schedule import TpuScheduleRecord, check_schedule, ring_topologies
 from conformance.runner import Case
+from conformance.targets import gpu_compiler
 
 #: The ring lengths the tier compiles for, the mesh labels of its cases.
 GPU_RINGS = (8, 16, 24)

@@ -9,16 +9,17 @@ from typing import Any
 
 import jax
 
-from conformance import compat, dtypes, hlo, runner, tpu_compiler
+from conformance import compat, dtypes, hlo, runner
 from conformance import session as session_lib
 from conformance.checks.base import call_kernel, fail
 from conformance.runner import Case
+from conformance.targets import tpu_compiler
 
 
 def compiler_of(topology: str) -> Any:
     """The compiler module that compiles for ``topology``: ``h100:1x1x8`` is XLA:GPU's, ``v5e:2x4``
     libtpu's."""
-    from conformance import gpu_compiler
+    from conformance.targets import gpu_compiler
 
     return gpu_compiler if topology.split(":", 1)[0] in gpu_compiler.TARGETS else tpu_compiler
 
@@ -27,7 +28,7 @@ def compiled_on_topology(case: Case, topology: str, *, options: tuple[tuple[str,
     """``case``'s kernel compiled by the real compiler of ``topology`` (its forward pass, on a mesh of
     the case's shape over the topology's devices; :func:`compiler_of`), with compile ``options``
     besides the run's: one compile shared by every check of the TPU (or GPU) tier.
-    :class:`~conformance.tpu_compiler.CompilerRefusal` where the compiler refuses it."""
+    :class:`~conformance.targets.tpu_compiler.CompilerRefusal` where the compiler refuses it."""
     return _compiled(case, topology, options, session_lib.current().settings.compiler_options)
 
 

@@ -11,9 +11,10 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from conformance import compat, hlo, runner, tpu_compiler
+from conformance import compat, hlo, runner
 from conformance.checks.base import Axes, Check, NotJudged, call_kernel, fail, keeping, lower_or_note_limit
 from conformance.runner import Case
+from conformance.targets import tpu_compiler
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,8 @@ from typing import Any
 
 import jax
 
-from conformance import compat, mosaic, pallas_protocol, runner, tpu_compiler
+from conformance import compat, runner
+from conformance.checks import pallas_protocol
 from conformance.checks.base import (
     Axes,
     Check,
@@ -21,6 +22,7 @@ from conformance.checks.base import (
     require_array,
 )
 from conformance.runner import Case
+from conformance.targets import mosaic, tpu_compiler
 
 #: What a compile for a TPU may end in that the layout check judges itself: the kernel's refusal, the
 #: compiler's.
@@ -35,7 +37,7 @@ class TpuLayoutRecord:
     impl: str
     dtype: str
     dims: tuple[tuple[str, int], ...]
-    #: The kernel's own refusal (its :class:`~conformance.mosaic.TpuConstraintError`), if it refused.
+    #: The kernel's own refusal (its :class:`~conformance.targets.mosaic.TpuConstraintError`), if it refused.
     refusal: str | None
     #: Who judged: the real compiler, its libtpu and topology (``libtpu 0.0.42.1 (v5e:2x2)``).
     judge: str = ""
@@ -49,9 +51,9 @@ def check_tpu_layout(case: Case) -> TpuLayoutRecord:
     """Compiled for a TPU, the kernel accepts the shape where the TPU compiler compiles it and refuses
     it (naming the constraint) where the compiler refuses it.
 
-    The judge is the real compiler (libtpu, :mod:`conformance.tpu_compiler`), on a TPU topology
+    The judge is the real compiler (libtpu, :mod:`conformance.targets.tpu_compiler`), on a TPU topology
     of the case's device count. The kernel is lowered for it as it is: a
-    :class:`~conformance.mosaic.TpuConstraintError` is its refusal, anything else it lowers is
+    :class:`~conformance.targets.mosaic.TpuConstraintError` is its refusal, anything else it lowers is
     compiled. A refused shape is then compiled with the kernel's refusals set aside
     (:func:`conformance.refuse_on_tpu`), so the compiler's verdict can be held against the
     kernel's; a refusal the kernel raises directly cannot be set aside, is recorded as unverified,
@@ -183,7 +185,7 @@ def check_races(case: Case) -> None:
 
 
 def check_barrier_protocol(case: Case) -> None:
-    """No remote DMA starts unprotected by a barrier (``conformance/pallas_protocol.py`` says which).
+    """No remote DMA starts unprotected by a barrier (``conformance/checks/pallas_protocol.py`` says which).
 
     Static (read off the traced kernel): TPU interpret mode starts all devices'
     kernels together, so no run on CPU can show this defect. A kernel with no

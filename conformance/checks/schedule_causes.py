@@ -10,10 +10,11 @@ import dataclasses
 import functools
 from typing import Any
 
-from conformance import compat, dtypes, hlo, registry, runner, tpu_compiler
+from conformance import compat, dtypes, hlo, registry, runner
 from conformance import session as session_lib
 from conformance.checks.on_topology import compiled_on_topology, compiler_of, schedule_of
 from conformance.runner import Case
+from conformance.targets import tpu_compiler
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """TPU memory: what the real TPU compiler reserves for a kernel, beside XLA's own op at the same shapes.
 
-Compiled for a TPU topology by libtpu (:mod:`conformance.tpu_compiler`; the same compile the
+Compiled for a TPU topology by libtpu (:mod:`conformance.targets.tpu_compiler`; the same compile the
 scheduled-overlap check reads), ``Compiled.memory_analysis()`` gives the program's peak HBM bytes per
 chip (``peak_memory_in_bytes``: arguments, outputs and every temporary live at the worst moment of
 the schedule), its temporaries and its generated code. A kernel is held against the family's
@@ -25,12 +25,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from conformance import compat, registry, tpu_compiler
+from conformance import compat, registry
 from conformance.checks.base import Check, NotJudged, compiled_for, fail, keeping
 from conformance.checks.on_topology import compiled_on_topology, compiled_or_fail
 from conformance.checks.target_tables import size_legend, topology_rows
 from conformance.checks.tpu_schedule import SCHEDULE_TOPOLOGIES, compilers_own_case, ring_topologies
 from conformance.runner import Case
+from conformance.targets import tpu_compiler
 
 #: A kernel's peak HBM bytes per chip may be at most this many times the baseline's (module doc).
 PEAK_RATIO = 3.0
@@ -58,7 +59,7 @@ class TpuMemoryRecord:
     #: family has none, this jaxlib reports no peak, or this is it).
     compiler_peak: int | None = None
     compilers_own: bool = False
-    #: The flags of the compile (:func:`conformance.target_compiles.flags_in_effect`).
+    #: The flags of the compile (:func:`conformance.targets.target_compiles.flags_in_effect`).
     flags: str = "compiler defaults"
 
     @property
@@ -100,8 +101,8 @@ def check_tpu_memory(case: Case) -> list[TpuMemoryRecord]:
 def check_memory(
     case: Case, compiler: Any, topologies: Mapping[int, tuple[str, ...]], *, check: str, record: type
 ) -> list[Any]:
-    """The memory verdict of ``compiler`` (:mod:`~conformance.tpu_compiler` or
-    :mod:`~conformance.gpu_compiler`) for each topology of the case's ring length, one ``record``
+    """The memory verdict of ``compiler`` (:mod:`~conformance.targets.tpu_compiler` or
+    :mod:`~conformance.targets.gpu_compiler`) for each topology of the case's ring length, one ``record``
     each."""
     found = ring_topologies(case, compiler, topologies, what=f"{compiler.NAME} memory")
     baseline = _baseline(case.family)

@@ -1,10 +1,10 @@
 """Pod scale: every kernel compiles for a pod slice of 64 and of 256 chips, or refuses cleanly.
 
 No CPU host simulates 256 devices, and the other checks run rings of at most 16. The real TPU
-compiler (libtpu, :mod:`conformance.tpu_compiler`) compiles for a whole v5e slice of 64 (``8x8``) and
+compiler (libtpu, :mod:`conformance.targets.tpu_compiler`) compiles for a whole v5e slice of 64 (``8x8``) and
 256 (``16x16``) chips on any host, at the family's TPU-native dims in bfloat16. A kernel passes when
 the compiler compiles it, or when the kernel itself refuses the ring before any compiler sees it,
-naming the limit (a :class:`~conformance.mosaic.TpuConstraintError` raised while tracing, as
+naming the limit (a :class:`~conformance.targets.mosaic.TpuConstraintError` raised while tracing, as
 :func:`conformance.refuse_on_tpu` raises). Anything else that stops the compile (a
 Pallas kernel out of semaphores, "Ran out of memory in memory space sflag", a program too large)
 fails, quoting the compiler: on a pod the user would meet it first.
@@ -16,11 +16,12 @@ import dataclasses
 import time
 from typing import Any
 
-from conformance import compat, mosaic, tpu_compiler
+from conformance import compat
 from conformance.checks.base import Check, NotJudged, call_kernel, compiled_for, fail, keeping
 from conformance.checks.on_topology import compiled_on_topology
 from conformance.checks.target_tables import judges_line
 from conformance.runner import Case
+from conformance.targets import mosaic, tpu_compiler
 
 #: The pod meshes: 1-D rings over a whole v5e slice.
 POD_MESHES = ("64-x-explicit", "256-x-explicit")

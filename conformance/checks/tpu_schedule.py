@@ -3,7 +3,7 @@ matmul running inside it.
 
 The dataflow check (:mod:`conformance.checks.overlap`) judges what a scheduler *could* overlap. What
 a TPU user buys is what XLA:TPU's latency-hiding scheduler *does*: compiled for a TPU topology by the
-real compiler (libtpu, :mod:`conformance.tpu_compiler`), the module is scheduled (its text order is
+real compiler (libtpu, :mod:`conformance.targets.tpu_compiler`), the module is scheduled (its text order is
 its run order), and each asynchronous collective is a ``-start`` .. ``-done`` span. A transfer is
 hidden when a matmul (or a fusion or kernel holding one) is scheduled inside its span; a synchronous
 collective is never hidden. Loops count per trip (:func:`conformance.hlo.schedule`).
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance import compat, dtypes, hlo, registry, target_compiles, tpu_compiler
+from conformance import compat, dtypes, hlo, registry
 from conformance import session as session_lib
 from conformance.checks import target_tables
 from conformance.checks.base import (
@@ -39,6 +39,7 @@ from conformance.checks.overlap import PALLAS_OVERLAP
 from conformance.checks.schedule_causes import how_to_hide, passes_rule, why_exposed
 from conformance.checks.target_tables import size_text
 from conformance.runner import Case
+from conformance.targets import target_compiles, tpu_compiler
 
 #: The slices each ring length compiles for: one TPU generation with 4 ICI links per chip (v5e) and
 #: the next (v6e), whose schedulers' cost models differ, at 8 and 16 chips; and a ring of 12 over a
@@ -77,7 +78,7 @@ class TpuScheduleRecord:
     #: (fewer bytes exposed), ``level``, ``behind``, or ``""`` (not compared).
     compiler_exposed: int | None = None
     standing: str = ""
-    #: The flags of the compile (:func:`conformance.target_compiles.flags_in_effect`).
+    #: The flags of the compile (:func:`conformance.targets.target_compiles.flags_in_effect`).
     flags: str = "compiler defaults"
     #: The check failed the kernel at this topology and size (its verdict, :func:`_fails`).
     failed: bool = False
@@ -106,8 +107,8 @@ def check_tpu_schedule(case: Case) -> list[TpuScheduleRecord]:
 def check_schedule(
     case: Case, compiler: Any, topologies: Mapping[int, tuple[str, ...]], *, check: str, record: type
 ) -> list[Any]:
-    """The scheduled-overlap verdict of ``compiler`` (:mod:`~conformance.tpu_compiler` or
-    :mod:`~conformance.gpu_compiler`) for each topology of the case's ring length, one ``record``
+    """The scheduled-overlap verdict of ``compiler`` (:mod:`~conformance.targets.tpu_compiler` or
+    :mod:`~conformance.targets.gpu_compiler`) for each topology of the case's ring length, one ``record``
     each."""
     spec = case.spec
     if not spec.overlap:

@@ -16,13 +16,14 @@ def subprocess_env() -> dict[str, str]:
     }
 
 
-def suite_command(*args: str, marks: str | None = "cpu") -> list[str]:
+def suite_command(*args: str, marks: str | None = "cpu", target: str = "conformance") -> list[str]:
     """A pytest run of the installed suite as a user starts it, quiet and without pytest's cache:
-    ``python -m pytest --pyargs conformance -m MARKS -p no:cacheprovider -q ARGS`` (no ``-m`` where
-    ``marks`` is ``None``)."""
+    ``python -m pytest --pyargs TARGET -m MARKS -p no:cacheprovider -q ARGS`` (no ``-m`` where
+    ``marks`` is ``None``; ``target`` a module of the suite to run that alone). Every self-test that
+    starts the suite builds its command here."""
     return [
         sys.executable,
-        *("-m", "pytest", "--pyargs", "conformance"),
+        *("-m", "pytest", "--pyargs", target),
         *(("-m", marks) if marks else ()),
         *("-p", "no:cacheprovider", "-q"),
         *args,

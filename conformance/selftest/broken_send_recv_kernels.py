@@ -305,7 +305,7 @@ _PUBLISHED = [0]
 @conformance.register(FAMILY, name="broken_sr_publishes_pickle")
 def broken_sr_publishes_pickle(x, *, dst):
     """The seed's leader side: publishes its (stand-in) unique id as a pickle in the key-value store."""
-    from conformance import distributed
+    from conformance.jobs import distributed
 
     validate_destination("broken_sr_publishes_pickle", x, dst)
     client = distributed.client()
@@ -340,7 +340,7 @@ class KeyValueTransfer:
         self.calls = 0
 
     def __call__(self, x, *, dst, timeout: float | None = None):
-        from conformance import distributed
+        from conformance.jobs import distributed
 
         src = validate_destination(self.name, x, dst)
         me, call = jax.process_index(), self.calls

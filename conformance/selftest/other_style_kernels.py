@@ -18,7 +18,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance import mosaic
+from conformance.targets import mosaic
 
 EXPECTED_PASS: dict[str, set[str]] = {
     # The style of JAX's Pallas TPU distributed tutorial: no barrier semaphore, no collective_id,

@@ -14,7 +14,7 @@ import conformance
 import conformance.kernels
 from conformance import checks, registry, specs
 from conformance.fixtures.meshes import parse_mesh
-from conformance.outcomes import run_here
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.session import Session
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conformance.selftest import subprocess_env
+from conformance.selftest import subprocess_env, suite_command
 
 pytestmark = pytest.mark.selftest
 
@@ -19,21 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_a_tiny_ladder_prints_one_table_per_family_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "conformance",
-        "-m",
-        "benchmark",
-        "-q",
-        "-p",
-        "no:cacheprovider",
+    cmd = suite_command(
         "--bench-sizes=2K",
         "--bench-meshes=2-x-auto",
         "--bench-rounds=2",
         f"--benchmark-json={out}",
-    ]
+        marks="benchmark",
+    )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=subprocess_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for family in ("all_gather", "allgather_matmul", "matmul_reduce_scatter", "send_recv"):
@@ -54,19 +45,6 @@ def test_a_tiny_ladder_prints_one_table_per_family_and_writes_json(tmp_path: Pat
 
 
 def test_the_default_cpu_run_times_nothing() -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "conformance",
-        "-m",
-        "cpu",
-        "--collect-only",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "benchmark",
-    ]
+    cmd = suite_command("--collect-only", "-k", "benchmark")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=subprocess_env())
     assert "test_benchmark[" not in proc.stdout, proc.stdout[-2000:]

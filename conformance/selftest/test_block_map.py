@@ -13,7 +13,7 @@ import conformance.selftest.broken_pallas_kernels  # noqa: F401  (registers the 
 from conformance import checks, specs
 from conformance.checks import base
 from conformance.fixtures.meshes import parse_mesh
-from conformance.outcomes import run_here
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.session import Session
 

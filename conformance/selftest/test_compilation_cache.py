@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache: a repeat run reads back the first run's compiles for the
 host, never a compile for a TPU topology (the compile-only client cannot read those back: what the
-checks read of those is kept beside it, :mod:`conformance.target_compiles`, and read back too), and
+checks read of those is kept beside it, :mod:`conformance.targets.target_compiles`, and read back too), and
 ``off`` leaves JAX's settings alone.
 
 The sub-runs are separate pytest processes with the suite's plugin loaded as a user gets it, on
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import compilation_cache, target_compiles, tpu_compiler
 from conformance.selftest.test_plugin_options import KERNELS, _pytest
+from conformance.targets import compilation_cache, target_compiles, tpu_compiler
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 

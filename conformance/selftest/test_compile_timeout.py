@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 import conformance
-from conformance import checks, registry, tpu_compiler
+from conformance import checks, registry
 from conformance.fixtures.meshes import parse_mesh
-from conformance.outcomes import run_here
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.selftest import subprocess_env, suite_command
 from conformance.session import Session, Settings
+from conformance.targets import tpu_compiler
 
 pytestmark = pytest.mark.selftest
 

@@ -1,4 +1,4 @@
-"""The CPU a run gets under a cgroup quota (``conformance/cpu_share.py``): the quota read from cgroup v1
+"""The CPU a run gets under a cgroup quota (``conformance/jobs/cpu_share.py``): the quota read from cgroup v1
 and v2 file trees as containers lay them out, ``-n auto``'s worker count from it, and each test
 process given its own share of the cores, undone after."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import cpu_share, plugin_xdist
+from conformance.jobs import cpu_share
+from conformance.plugin import xdist_workers
 
 pytestmark = pytest.mark.selftest
 
@@ -63,7 +64,7 @@ def test_the_quota_is_read_from_the_process_s_cgroups(
     want = 64 if quota is None else max(1, -(-quota // 1))
     assert cpu_share.usable_cpus() == want
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
-    assert plugin_xdist.auto_num_workers() == want, "-n auto starts a worker per CPU the quota grants"
+    assert xdist_workers.auto_num_workers() == want, "-n auto starts a worker per CPU the quota grants"
     assert bool(cpu_share.header_lines()) == (quota is not None)
 
 
@@ -103,14 +104,14 @@ def test_one_cpu_runs_the_suite_in_its_own_process_and_leaves_other_suites_one_w
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.setattr(cpu_share, "visible_cpus", lambda: (0, 1, 2, 3))
     monkeypatch.setattr(cpu_share, "quota_cpus", lambda: 0.5)
-    package = Path(plugin_xdist.__file__).resolve().parent
-    assert plugin_xdist.auto_num_workers(_config(str(package), cwd=tmp_path)) == 0
-    assert plugin_xdist.auto_num_workers(_config("conformance", cwd=package.parent)) == 0
-    assert plugin_xdist.auto_num_workers(_config(f"{package}/selftest::test_x", cwd=tmp_path)) == 0
-    assert plugin_xdist.auto_num_workers(_config("conformance", pyargs=True, cwd=tmp_path)) == 0
-    assert plugin_xdist.auto_num_workers(_config("tests", cwd=tmp_path)) == 1
-    assert plugin_xdist.auto_num_workers(_config(cwd=tmp_path)) == 1
+    package = Path(xdist_workers.__file__).resolve().parent.parent
+    assert xdist_workers.auto_num_workers(_config(str(package), cwd=tmp_path)) == 0
+    assert xdist_workers.auto_num_workers(_config("conformance", cwd=package.parent)) == 0
+    assert xdist_workers.auto_num_workers(_config(f"{package}/selftest::test_x", cwd=tmp_path)) == 0
+    assert xdist_workers.auto_num_workers(_config("conformance", pyargs=True, cwd=tmp_path)) == 0
+    assert xdist_workers.auto_num_workers(_config("tests", cwd=tmp_path)) == 1
+    assert xdist_workers.auto_num_workers(_config(cwd=tmp_path)) == 1
     assert "-n auto runs the tests in this process" in cpu_share.header_lines(workers=0)[0]
     monkeypatch.setattr(cpu_share, "quota_cpus", lambda: 1.5)  # two CPUs: two workers, whatever runs
-    assert plugin_xdist.auto_num_workers(_config(str(package), cwd=tmp_path)) == 2
+    assert xdist_workers.auto_num_workers(_config(str(package), cwd=tmp_path)) == 2
     assert "-n auto starts 2 worker(s)" in cpu_share.header_lines()[0]

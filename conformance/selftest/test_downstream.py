@@ -100,7 +100,7 @@ def test_install_claims_no_generic_import_names(installed: dict[str, Path]) -> N
     tops = {t for t in tops if not t.endswith(".dist-info") and not t.startswith("..")}
     assert tops == {"conformance"}, f"the suite installs top-level names {sorted(tops)}"
     entry_points = next(site.glob("jax_collective_conformance-*.dist-info")) / "entry_points.txt"
-    assert "conformance = conformance.pytest_plugin" in entry_points.read_text()
+    assert "conformance = conformance.plugin" in entry_points.read_text()
     # The project's own ``kernels`` package is the one that imports.
     done = _run(installed, "-c", "import kernels.collectives, conformance.kernels as k; print(k.__file__)")
     assert done.returncode == 0, done.stderr

@@ -17,13 +17,14 @@ import conformance.kernels
 import conformance.selftest.broken_kernels
 import conformance.selftest.broken_memory_kernels
 import conformance.selftest.broken_overlap_kernels  # noqa: F401  (registers the kernels below)
-from conformance import checks, gpu_compiler, specs
+from conformance import checks, specs
 from conformance.checks.tpu_memory import memory_dims as tpu_memory_dims
 from conformance.fixtures.meshes import parse_mesh
-from conformance.outcomes import run_here
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.selftest import broken_gpu_kernels, subprocess_env, suite_command
 from conformance.session import Session, Settings
+from conformance.targets import gpu_compiler
 
 pytestmark = [
     pytest.mark.selftest,

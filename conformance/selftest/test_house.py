@@ -2,7 +2,7 @@
 itself back through another.
 
 * Running checks leaves every module-level container of every conformance module as it was: the
-  records come back in the :class:`~conformance.outcomes.CheckOutcome`, hangs are remembered on the
+  records come back in the :class:`~conformance.run.outcomes.CheckOutcome`, hangs are remembered on the
   :class:`~conformance.session.Session`, and a pytest session's results live in its run log.
 * The import graph of the installed package (deferred imports inside functions included) has no
   circle.
@@ -17,16 +17,17 @@ import pkgutil
 import re
 import types
 from collections import deque
+from pathlib import Path
 
 import pytest
 
 import conformance
-from conformance import pytest_plugin
+import conformance.plugin
 from conformance import session as session_lib
 from conformance.fixtures.meshes import parse_mesh
 from conformance.run import run_check
 from conformance.runner import Case
-from conformance.selftest import subprocess_env
+from conformance.selftest import subprocess_env, suite_command
 
 pytestmark = pytest.mark.selftest
 
@@ -108,7 +109,7 @@ def test_two_sessions_in_one_process_see_nothing_of_each_other() -> None:
     session compiles anew and counts its own rounds."""
     import jax
 
-    from conformance import target_compiles
+    from conformance.targets import target_compiles
 
     lowered = jax.jit(lambda x: x * 2 + 1).lower(1.0)
     first, second = session_lib.Session(), session_lib.Session()
@@ -150,7 +151,7 @@ def test_no_module_carries_the_retired_run_state() -> None:
         "_test",
     }
     found = [f"{m.__name__}.{name}" for m in _package_modules() for name in vars(m) if name in retired]
-    found += [f"conformance.pytest_plugin.{n}" for n in ("OUTCOMES", "VERDICTS") if hasattr(pytest_plugin, n)]
+    found += [f"conformance.plugin.{n}" for n in ("OUTCOMES", "VERDICTS") if hasattr(conformance.plugin, n)]
     assert not found, found
 
 
@@ -235,6 +236,101 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: The packages of the suite by role, from the top of the house down (docs/architecture.md): each
+#: may import the ones after it and none before it.
+PACKAGES_TOP_DOWN = (
+    "tests",
+    "plugin",
+    "run",
+    "reports",
+    "transfers",
+    "checks",
+    "hlo",
+    "targets",
+    "jobs",
+    "specs",
+)
+
+
+def _package_arrows(sources: dict[str, str]) -> set[tuple[str, str]]:
+    """(importing package, imported package) for every runtime import between two of
+    :data:`PACKAGES_TOP_DOWN`."""
+
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 and parts[1] in PACKAGES_TOP_DOWN else None
+
+    arrows = set()
+    for name, path in sources.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in _runtime_nodes(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                a, b = package(name), package(target)
+                if a and b and a != b:
+                    arrows.add((a, b))
+    return arrows
+
+
+def test_arrows_between_the_packages_run_one_way() -> None:
+    """No package imports one above it: the run path, the reports, the checks, the compile targets and
+    the jobs each see only what is below them."""
+    order = {name: i for i, name in enumerate(PACKAGES_TOP_DOWN)}
+    arrows = _package_arrows(_installed_sources())
+    upward = sorted((a, b) for a, b in arrows if order[a] > order[b])
+    assert not upward, f"imports that run up the house: {upward}"
+    assert ("plugin", "run") in arrows and ("run", "checks") in arrows, arrows  # the finder sees imports
+
+
+def _markdown_anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub makes them."""
+    found = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        heading = re.match(r"^#+\s+(.*)", line)
+        if heading:
+            found.add(re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-"))
+    return found
+
+
+def broken_links(repository: Path) -> list[str]:
+    """Each relative link of the README and of docs/ whose file, or heading, is not in the repository."""
+    bad = []
+    for page in [repository / "README.md", *sorted((repository / "docs").glob("*.md"))]:
+        for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if link.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists() or not target.is_relative_to(repository.resolve()):
+                bad.append(f"{page.name}: {link} (no such file in the repository)")
+            elif anchor and target.suffix == ".md" and anchor not in _markdown_anchors(target):
+                bad.append(f"{page.name}: {link} (no such heading)")
+    return bad
+
+
+def test_the_readme_is_short_and_every_link_resolves(tmp_path: Path) -> None:
+    """The README a user reads is at most 400 lines, and every link in it and in docs/ resolves inside
+    the repository (a heading too); the link checker itself goes red on a link to nowhere."""
+    repository = Path(conformance.__file__).resolve().parents[1]
+    if not (repository / "README.md").exists():
+        pytest.skip(f"the suite is installed without its repository ({repository})")
+    lines = (repository / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 400, f"README.md is {lines} lines"
+    assert broken_links(repository) == []
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Title\n[ok](#title) [gone](docs/gone.md) [no](#nowhere)\n")
+    assert broken_links(tmp_path) == [
+        "README.md: docs/gone.md (no such file in the repository)",
+        "README.md: #nowhere (no such heading)",
+    ]
+
+
 def test_the_circle_finder_finds_a_circle() -> None:
     """The detector itself goes red on a circle (else the test above asserts nothing)."""
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
@@ -305,23 +401,9 @@ def test_a_new_check_is_one_module(tmp_path) -> None:
     (tmp_path / "site" / "nan_kernels.py").write_text(NAN_KERNEL)
     env = subprocess_env()
     env["PYTHONPATH"] = str(tmp_path / "site")
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "conformance",
-        "-m",
-        "cpu",
-        "-k",
-        "test_finite",
-        "--kernels=nan_kernels",
-        "--impl=xla_all_gather,gather_with_a_nan",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-rA",
-    ]
+    argv = suite_command(
+        "-k", "test_finite", "--kernels=nan_kernels", "--impl=xla_all_gather,gather_with_a_nan", "-rA"
+    )
     where = subprocess.run(
         [sys.executable, "-c", "import conformance; print(conformance.__file__)"],
         **{"cwd": tmp_path, "env": env, "capture_output": True, "text": True, "check": True},

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 import conformance
 from conformance import checks, hlo
 from conformance.fixtures.meshes import parse_mesh
-from conformance.outcomes import run_here
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.session import Session
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import jax
 import pytest
 
-from conformance import compat, tpu_compiler
+from conformance import compat
 from conformance.fixtures import meshes
 from conformance.fixtures.meshes import COVERING_MESHES, STANDARD_MESHES, MeshConfig, parse_mesh
+from conformance.targets import tpu_compiler
 
 pytestmark = pytest.mark.selftest
 

@@ -7,11 +7,12 @@ import pytest
 
 import conformance.kernels  # the families' baselines
 import conformance.selftest.pallas_collective_kernels  # noqa: F401  (registers the kernel)
-from conformance import checks, specs, tpu_compiler
+from conformance import checks, specs
 from conformance.fixtures.meshes import parse_mesh
-from conformance.outcomes import run_here
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.session import Session
+from conformance.targets import tpu_compiler
 
 pytestmark = pytest.mark.selftest
 

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from conformance import claims, gpu_compiler, plugin_kernels, plugin_options, registry, tpu_compiler
+from conformance import claims, registry
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
 from conformance.fixtures.meshes import STANDARD_MESHES, parse_mesh
+from conformance.plugin import command_options, kernel_modules
 from conformance.selftest import job_command, subprocess_env, suite_command
+from conformance.targets import gpu_compiler, tpu_compiler
 
 pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 
@@ -335,7 +337,7 @@ def test_a_kernels_module_in_the_current_directory_imports_without_it_on_the_pat
     (tmp_path / "here_kernels_4f2.py").write_text("LOADED = True\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
-    plugin_kernels.import_modules(["here_kernels_4f2"])
+    kernel_modules.import_modules(["here_kernels_4f2"])
     assert sys.modules["here_kernels_4f2"].LOADED
     monkeypatch.delitem(sys.modules, "here_kernels_4f2")
 
@@ -415,7 +417,7 @@ def test_a_replay_prints_the_check_and_none_of_the_compilers_start_up_logs(tmp_p
     ],
 )
 def test_the_compile_tiers_a_mark_expression_asks_for(markexpr: str | None, tiers: list[str]) -> None:
-    assert plugin_options.tiers_asked_for(markexpr) == tiers
+    assert command_options.tiers_asked_for(markexpr) == tiers
 
 
 def test_a_compile_tier_asked_for_by_marker_runs_or_is_a_usage_error(tmp_path: Path) -> None:

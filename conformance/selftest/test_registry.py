@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import conformance
 from conformance import registry
+from conformance.selftest import suite_command
 
 pytestmark = pytest.mark.selftest
 
@@ -71,7 +71,7 @@ def test_impl_glob_filters() -> None:
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", *args]
+    cmd = suite_command(*(a for a in args if a != "-q"), marks=None)  # quiet once, as suite_command is
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -23,8 +23,8 @@ import pytest
 from conformance.checks import CHECKS
 from conformance.checks.values import EAGER_MESHES
 from conformance.claims import NOT_CLAIMED
-from conformance.distributed import PALLAS_INTERPRET
 from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
+from conformance.jobs.distributed import PALLAS_INTERPRET
 from conformance.selftest import (
     broken_batch_kernels,
     broken_dtype_kernels,
@@ -34,6 +34,7 @@ from conformance.selftest import (
     broken_overlap_kernels,
     broken_pallas_kernels,
     other_style_kernels,
+    suite_command,
 )
 from conformance.selftest.other_style_kernels import HOST_LIMIT
 
@@ -160,16 +161,7 @@ def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]]
         f" or ({impl} and ({' or '.join(sorted(tests))}) and ({BUILTIN_SUBSET}))"
         for impl, tests in broken_overlap_kernels.EXPECTED_PASS.items()
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "conformance",
-        "-m",
-        "cpu",
-        "-q",
-        "-p",
-        "no:cacheprovider",
+    cmd = suite_command(
         "-k",
         (
             f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {targeted}"
@@ -179,7 +171,7 @@ def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]]
         f"--kernels={KERNEL_MODULES}",
         f"--hang-timeout={HANG_TIMEOUT_S}",
         f"--junitxml={report}",
-    ]
+    )
     if LAUNCH:  # the same run as one job of P processes x K devices; each rank its own JUnit file
         processes, devices = LAUNCH.split("x")
         junit = f"--junitxml={shlex.quote(str(report))}.rank-$CONFORMANCE_PROCESS_ID"

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from conformance import report, results
 from conformance.checks import ConformanceFailure
 from conformance.fixtures.meshes import MESH_CONFIGS, parse_mesh
+from conformance.reports import failure_summary, results
 from conformance.runner import Case
 
 pytestmark = pytest.mark.selftest
@@ -74,7 +74,7 @@ def test_one_defect_in_many_checks_is_one_cause_at_its_smallest_case() -> None:
     ]
     hypothesis_minimal = _case("2-x-auto", 1, "eager")
     verdicts.append(_outcome("values", "failed", None, hypothesis_minimal, WRONG))
-    lines = report.summarize(verdicts)
+    lines = failure_summary.summarize(verdicts)
     text = "\n".join(lines)
     n = len(LARGER)
     assert lines[0] == f"{FAMILY}/{IMPL}: {2 * n + 1} failed, {2 * n} passed", text
@@ -85,7 +85,7 @@ def test_one_defect_in_many_checks_is_one_cause_at_its_smallest_case() -> None:
     assert f"in output_sharding {n}, races {n}, values 1" in text, text
     assert "smallest: 2-x-auto:rows_per_shard=1,cols=128:float32:seed=0:dma=eager (values)" in text, text
     assert lines[-2].startswith("  start here : python -m conformance replay values all_gather"), text
-    assert lines[-1] == f"               ({report.START_HERE_RULE})", text
+    assert lines[-1] == f"               ({failure_summary.START_HERE_RULE})", text
 
 
 def test_distinct_causes_are_listed_smallest_first_and_passing_kernels_not_at_all() -> None:
@@ -96,7 +96,7 @@ def test_distinct_causes_are_listed_smallest_first_and_passing_kernels_not_at_al
         _outcome("races", "passed", "odd", impl="fine_kernel"),
         _outcome("races", "skipped", "even"),  # neither passed nor failed: not counted
     ]
-    lines = report.summarize(verdicts)
+    lines = failure_summary.summarize(verdicts)
     text = "\n".join(lines)
     assert "fine_kernel" not in text
     causes = [m[1] for line in lines if (m := re.match(r"\s+\d+x (.*)$", line))]
@@ -117,18 +117,18 @@ def _on_rings(check: str, failing: set[int], *, what: str = WRONG, dtype: str | 
 def test_failures_on_some_ring_lengths_only_are_named_with_what_they_share() -> None:
     """A ring wrapped with a bit mask: wrong on rings of 3, 5, 6 and 7, right on 1, 2, 4 and 8."""
     text = "\n".join(
-        report.summarize(_on_rings("values", {3, 5, 6, 7}) + _on_rings("gradients", {3, 5, 6, 7}))
+        failure_summary.summarize(_on_rings("values", {3, 5, 6, 7}) + _on_rings("gradients", {3, 5, 6, 7}))
     )
     assert (
         "  meshes: gradients, values failed on rings of 3, 5, 6, 7 only and passed on rings of 1, 2, 4, 8"
         in text
     ), text
     assert "-> every failing ring length is no power of two" in text, text
-    odd = "\n".join(report.summarize(_on_rings("values", {3, 5, 7})))
+    odd = "\n".join(failure_summary.summarize(_on_rings("values", {3, 5, 7})))
     assert "failed on rings of 3, 5, 7 only" in odd and "every failing ring longer than one is odd" in odd, (
         odd
     )
-    everywhere = "\n".join(report.summarize(_on_rings("values", set(range(1, 9)))))
+    everywhere = "\n".join(failure_summary.summarize(_on_rings("values", set(range(1, 9)))))
     assert "meshes:" not in everywhere, everywhere  # nothing tells the failing meshes apart
 
 
@@ -145,7 +145,7 @@ def test_failures_on_other_device_orders_only_are_named() -> None:
         )
         for m, got in meshes.items()
     ]
-    text = "\n".join(report.summarize(verdicts))
+    text = "\n".join(failure_summary.summarize(verdicts))
     assert "meshes: values failed on device order reversed only and passed on device order ids" in text, text
     assert "device ids, not mesh positions" in text, text
 
@@ -155,7 +155,7 @@ def test_failures_at_some_dtypes_only_are_named() -> None:
         _outcome("dtype", "failed", None, _case("8-x-auto", 1), "wrong dtype", dtype=d)
         for d in ("bfloat16", "float16")
     ] + [_outcome("dtype", "passed", dtype=d) for d in ("float32", "int32")]
-    text = "\n".join(report.summarize(verdicts))
+    text = "\n".join(failure_summary.summarize(verdicts))
     assert "  dtypes: dtype failed at bfloat16, float16 only and passed at float32, int32" in text, text
 
 
@@ -167,7 +167,7 @@ def test_start_here_is_the_first_wrong_result_before_a_smaller_performance_defec
         _outcome("accuracy", "failed", None, _case("8-x-auto", 3), "less accurate than the baseline"),
         _outcome("values", "failed", None, _case("8-x-auto", 3), WRONG),
     ]
-    lines = report.summarize(verdicts)
+    lines = failure_summary.summarize(verdicts)
     causes = [m[1] for line in lines if (m := re.match(r"\s+\d+x (.*)$", line))]
     assert causes == [WRONG, "less accurate than the baseline", "no matmul is independent of it"], lines
     start = next(line for line in lines if "start here" in line)
@@ -175,7 +175,7 @@ def test_start_here_is_the_first_wrong_result_before_a_smaller_performance_defec
 
 
 def test_no_failures_no_summary() -> None:
-    assert report.summarize([_outcome("races", "passed", "odd")]) == []
+    assert failure_summary.summarize([_outcome("races", "passed", "odd")]) == []
 
 
 # ----------------------------------------------------------------------------- the HTML page
@@ -185,8 +185,8 @@ def _ladder_document() -> dict:
     """A run with two causes of failure in one kernel and the three ladders the page draws."""
     import datetime
 
-    from conformance.bench import BenchRecord
     from conformance.checks import TpuMemoryRecord, TpuScheduleRecord
+    from conformance.reports.bench import BenchRecord
 
     failed = []
     for i, (check, what) in enumerate([("values", WRONG)] * 3 + [("tpu_schedule", "transfers exposed")]):
@@ -256,7 +256,7 @@ def _ladder_document() -> dict:
         duration_s=1.0,
         stale=[],
         command=["pytest"],
-        summary=report.summarize(failed),
+        summary=failure_summary.summarize(failed),
     )
 
 
@@ -364,7 +364,7 @@ def test_a_cause_says_why_in_the_summary_and_the_page() -> None:
     verdict = _outcome("values", "failed", None, case, WRONG)
     verdict.failure = results.FailureCause.of(error)
     verdict.why = why
-    lines = report.summarize([verdict])
+    lines = failure_summary.summarize([verdict])
     assert f"       why: {why}" in lines, lines
     document = results.to_json(
         [verdict], [], started=datetime.datetime(2026, 1, 1), duration_s=1.0, stale=[], command=["pytest"]

@@ -1,6 +1,6 @@
 """The undeclared seed case (JAX #21855) must be reported by the backward audit.
 
-Same function as ``conformance/test_seed_backward_allreduce.py``, but written
+Same function as ``conformance/tests/test_seed_backward_allreduce.py``, but written
 the way the issue's author wrote it: ``check_vma=False`` and an ``out_shape``
 that says nothing about varying axes. Its backward holds the defensive
 all-reduce over the replicated axis; the audit must name it, say which module
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import checks, seed_cases
+from conformance import checks
 from conformance.fixtures.meshes import build_mesh, parse_mesh
-from conformance.test_seed_backward_allreduce import SEED_MESHES, seed_arguments
+from conformance.tests import seed_cases
+from conformance.tests.test_seed_backward_allreduce import SEED_MESHES, seed_arguments
 
 pytestmark = pytest.mark.selftest
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conformance.selftest import broken_send_recv_kernels as kernels
+from conformance.selftest import suite_command
 
 pytestmark = pytest.mark.selftest
 MODULE = kernels.__name__
@@ -36,23 +36,14 @@ def verdicts(tmp_dir: str) -> dict[str, dict[str, list[tuple[str, str]]]]:
         f"({impl} and {test}{NARROW.get(test, '')})" for impl, test in kernels.EXPECTED_REJECTION.items()
     )
     targeted += " or correct_sr_ or broken_nccl_"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "conformance.test_send_recv",
-        "-m",
-        "cpu",
+    command = suite_command(
         f"--kernels={MODULE}",
         "-k",
         targeted,
-        "-p",
-        "no:cacheprovider",
-        "-q",
         f"--hang-timeout={HANG_TIMEOUT_S}",
         f"--junitxml={report}",
-    ]
+        target="conformance.tests.test_send_recv",
+    )
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_dir)
     assert report.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     out: dict[str, dict[str, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))

@@ -49,7 +49,7 @@ def _values(impl: str, family: str, dims: dict[str, int]):
     import conformance.selftest.broken_matmul_reduce_scatter_kernels  # noqa: F401
     from conformance import checks
     from conformance.fixtures.meshes import parse_mesh
-    from conformance.outcomes import run_here
+    from conformance.run.outcomes import run_here
     from conformance.runner import Case
     from conformance.session import Session
 

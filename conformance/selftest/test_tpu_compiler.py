@@ -18,11 +18,12 @@ from jax.sharding import PartitionSpec as P
 
 import conformance.kernels
 import conformance.selftest.broken_pallas_kernels  # noqa: F401  (registers the broken rings)
-from conformance import checks, registry, tpu_compiler
+from conformance import checks, registry
 from conformance.fixtures.meshes import parse_mesh
-from conformance.outcomes import run_here
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.session import Session
+from conformance.targets import tpu_compiler
 
 pytestmark = pytest.mark.selftest
 

@@ -18,12 +18,14 @@ import conformance.kernels
 import conformance.selftest.behind_compiler_kernels  # registers the kernels behind the compiler
 import conformance.selftest.broken_overlap_kernels as broken_overlap_kernels
 import conformance.selftest.other_style_kernels  # noqa: F401  (registers the loop-form rings)
-from conformance import checks, compat, hlo, registry, specs, target_compiles, tpu_compiler
+from conformance import checks, compat, hlo, registry, specs
 from conformance.checks import tpu_schedule
 from conformance.fixtures.meshes import parse_mesh
-from conformance.outcomes import run_here
+from conformance.run.outcomes import run_here
 from conformance.runner import Case
+from conformance.selftest import suite_command
 from conformance.session import Session, Settings
+from conformance.targets import target_compiles, tpu_compiler
 
 pytestmark = pytest.mark.selftest
 
@@ -409,13 +411,9 @@ def test_the_compile_tier_runs_on_a_host_without_chips_under_either_marker(marke
     missing TPU backend from skipping them; a skip there would hide the whole tier."""
     import os
     import subprocess
-    import sys
 
     done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "--pyargs", "conformance", "-m", marker, "-q"),
-            *("-p", "no:cacheprovider", "-k", "test_tpu_pod and xla_all_gather and 64-x"),
-        ],
+        suite_command("-k", "test_tpu_pod and xla_all_gather and 64-x", marks=marker),
         capture_output=True,
         text=True,
         timeout=600,

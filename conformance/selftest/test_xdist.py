@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance import launch, plugin_xdist, tpu_compiler
+from conformance.jobs import launch
+from conformance.plugin import xdist_workers
 from conformance.selftest.test_plugin_options import KERNELS, _pytest
+from conformance.targets import tpu_compiler
 
 pytestmark = [pytest.mark.selftest]
 
@@ -37,26 +39,29 @@ def opt_gather_plus_one(x, *, mesh, axis_name):
     ("nodeid", "group"),
     [
         (
-            "conformance/test_all_gather.py::test_values[pallas_ring_all_gather_bidirectional-8-x-auto-cpu]",
-            "conformance/test_all_gather.py::pallas_ring_all_gather_bidirectional::8-x-auto",
+            "conformance/tests/test_all_gather.py::test_values[pallas_ring_all_gather_bidirectional-8-x-auto-cpu]",
+            "conformance/tests/test_all_gather.py::pallas_ring_all_gather_bidirectional::8-x-auto",
         ),
         (
-            "conformance/test_all_gather.py::test_dtype[xla_all_gather-2x4-y-explicit-even-int8-cpu]",
-            "conformance/test_all_gather.py::xla_all_gather::2x4-y-explicit",
+            "conformance/tests/test_all_gather.py::test_dtype[xla_all_gather-2x4-y-explicit-even-int8-cpu]",
+            "conformance/tests/test_all_gather.py::xla_all_gather::2x4-y-explicit",
         ),
         (  # the TPU tier's slices are meshes too: schedule and memory share the topology's compiles
-            "conformance/test_allgather_matmul.py::test_tpu_memory[ring_allgather_matmul_bidirectional-16-x-explicit]",
-            "conformance/test_allgather_matmul.py::ring_allgather_matmul_bidirectional::16-x-explicit",
+            "conformance/tests/test_allgather_matmul.py::test_tpu_memory[ring_allgather_matmul_bidirectional-16-x-explicit]",
+            "conformance/tests/test_allgather_matmul.py::ring_allgather_matmul_bidirectional::16-x-explicit",
         ),
         (
-            "conformance/test_all_gather.py::test_tpu_layout[pallas_ring_all_gather_unidirectional-int8]",
-            "conformance/test_all_gather.py::pallas_ring_all_gather_unidirectional::",
+            "conformance/tests/test_all_gather.py::test_tpu_layout[pallas_ring_all_gather_unidirectional-int8]",
+            "conformance/tests/test_all_gather.py::pallas_ring_all_gather_unidirectional::",
         ),
-        ("conformance/test_tpu_refusals.py::test_timeout", "conformance/test_tpu_refusals.py::test_timeout"),
+        (
+            "conformance/tests/test_tpu_refusals.py::test_timeout",
+            "conformance/tests/test_tpu_refusals.py::test_timeout",
+        ),
     ],
 )
 def test_a_group_is_one_implementation_on_one_mesh(nodeid: str, group: str) -> None:
-    assert plugin_xdist.group_of(nodeid) == group
+    assert xdist_workers.group_of(nodeid) == group
 
 
 def test_one_process_runs_a_group_at_a_time_and_leaves_other_tests_in_place() -> None:
@@ -65,16 +70,16 @@ def test_one_process_runs_a_group_at_a_time_and_leaves_other_tests_in_place() ->
             self.nodeid = nodeid
 
     ids = [
-        "conformance/test_all_gather.py::test_values[ring-8-x-auto-cpu]",
-        "conformance/test_all_gather.py::test_values[ring-1-x-explicit-cpu]",
+        "conformance/tests/test_all_gather.py::test_values[ring-8-x-auto-cpu]",
+        "conformance/tests/test_all_gather.py::test_values[ring-1-x-explicit-cpu]",
         "tests/test_mine.py::test_first",
-        "conformance/test_all_gather.py::test_dtype[ring-8-x-auto-odd-int8-cpu]",
-        "conformance/test_all_gather.py::test_dtype[ring-1-x-explicit-odd-int8-cpu]",
+        "conformance/tests/test_all_gather.py::test_dtype[ring-8-x-auto-odd-int8-cpu]",
+        "conformance/tests/test_all_gather.py::test_dtype[ring-1-x-explicit-odd-int8-cpu]",
         "tests/test_mine.py::test_second",
-        "conformance/test_all_gather.py::test_races[ring-8-x-auto-on_wait-odd]",
+        "conformance/tests/test_all_gather.py::test_races[ring-8-x-auto-on_wait-odd]",
     ]
     items = [Item(i) for i in ids]
-    ordered = plugin_xdist.in_groups(items, lambda item: item.nodeid.startswith("conformance/"))
+    ordered = xdist_workers.in_groups(items, lambda item: item.nodeid.startswith("conformance/"))
     assert [ids.index(i.nodeid) for i in ordered] == [0, 3, 6, 1, 4, 2, 5]
 
 
@@ -85,7 +90,7 @@ def test_the_runner_holds_one_group_at_a_time() -> None:
     from conformance import checks, runner
     from conformance.family_tests import canonical_case
     from conformance.fixtures.meshes import parse_mesh
-    from conformance.outcomes import run_here
+    from conformance.run.outcomes import run_here
     from conformance.session import Session
 
     session = Session()

@@ -1,16 +1,29 @@
-"""The spec of every kernel family, in one place each; checks read it, never restate it."""
+"""The spec of every kernel family, in one place each; checks read it, never restate it.
+
+A built-in family joins by being a module here that sets ``SPEC`` (its :class:`FamilySpec`); nothing
+else in the suite names it. A third party's family joins with :func:`add_family`.
+"""
 
 from __future__ import annotations
 
-from conformance.specs.all_gather import ALL_GATHER
-from conformance.specs.allgather_matmul import ALLGATHER_MATMUL
-from conformance.specs.base import BadInput, FamilySpec, Operand
-from conformance.specs.matmul_reduce_scatter import MATMUL_REDUCE_SCATTER
-from conformance.specs.send_recv import SEND_RECV, PointToPointSpec
+import importlib
+import pkgutil
 
-FAMILIES: dict[str, FamilySpec | PointToPointSpec] = {
-    spec.name: spec for spec in (ALL_GATHER, ALLGATHER_MATMUL, MATMUL_REDUCE_SCATTER, SEND_RECV)
-}
+from conformance.specs.base import BadInput, FamilySpec, Operand
+from conformance.specs.send_recv import PointToPointSpec
+
+
+def _builtin_specs() -> list[FamilySpec | PointToPointSpec]:
+    """``SPEC`` of every module of this package, in the order of the modules' names."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__, f"{__name__}."), key=lambda i: i.name):
+        spec = getattr(importlib.import_module(info.name), "SPEC", None)
+        if spec is not None:
+            found.append(spec)
+    return found
+
+
+FAMILIES: dict[str, FamilySpec | PointToPointSpec] = {spec.name: spec for spec in _builtin_specs()}
 
 
 def add_family(spec: FamilySpec) -> FamilySpec:

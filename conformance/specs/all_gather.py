@@ -96,3 +96,6 @@ ALL_GATHER = FamilySpec(
     byte_bound_text="each device may receive at most (n-1)/n of x",
     block_tags=_block_tags,
 )
+
+#: This module's family (:mod:`conformance.specs` collects it).
+SPEC = ALL_GATHER

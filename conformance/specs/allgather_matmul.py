@@ -166,3 +166,6 @@ ALLGATHER_MATMUL = FamilySpec(
     registration_options={"batch_dims": BATCH_DIMS_OPTION},
     block_tags=_block_tags,
 )
+
+#: This module's family (:mod:`conformance.specs` collects it).
+SPEC = ALLGATHER_MATMUL

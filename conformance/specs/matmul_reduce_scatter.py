@@ -171,3 +171,6 @@ MATMUL_REDUCE_SCATTER = FamilySpec(
     block_tags=_block_tags,
     block_unit="partial",
 )
+
+#: This module's family (:mod:`conformance.specs` collects it).
+SPEC = MATMUL_REDUCE_SCATTER

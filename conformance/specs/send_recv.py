@@ -102,3 +102,6 @@ SEND_RECV = PointToPointSpec(
         ),
     },
 )
+
+#: This module's family (:mod:`conformance.specs` collects it).
+SPEC = SEND_RECV

@@ -327,7 +327,7 @@ def check_timeout(t: Transfer) -> None:
     """In a job of 2 or more processes, the ranks that only receive call with ``timeout=1`` while the
     senders stay away: ``TimeoutError`` naming a peer within 10 s. Then every rank transfers, and
     that transfer is bit-exact (a timed-out call must not leave the implementation out of step)."""
-    from conformance import distributed
+    from conformance.jobs import distributed
 
     me = jax.process_index()
     senders = [d for d in t.src.mesh.devices.flat if d.process_index != me]

@@ -55,7 +55,7 @@ defensive all-reduces", gives both recipes.
 
 TPU layout. A TPU stores each buffer in tiles over its two minor dims: 128
 lanes by a sublane tile of 1 to 32 rows that depends on the dtype and the row
-count (``conformance.mosaic``), and its compiler refuses a DMA window that does
+count (``conformance.targets.mosaic``), and its compiler refuses a DMA window that does
 not start and end on tile boundaries. Interpret mode has no tiles, so this is
 invisible on CPU. Hence the windows: for a 2-D shard that fills whole tiles the
 bidirectional split falls on a tile boundary (``row_split``; one tile goes one
@@ -94,8 +94,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance import mosaic, tpu_compiler
 from conformance.kernels.all_gather._common import validate
+from conformance.targets import mosaic, tpu_compiler
 
 
 def _neighbour(mesh_axes: tuple[str, ...], axis_name: str, index: jax.Array) -> tuple[jax.Array, ...]:
@@ -206,7 +206,7 @@ def _ring_kernel(
 
 
 #: The libtpu versions from which Mosaic's DMA-window rules relaxed, measured with the real compiler
-#: (``conformance.tpu_compiler``; v4, v5e and v6e topologies agree): from 0.0.19 a 32-bit shard's
+#: (``conformance.targets.tpu_compiler``; v4, v5e and v6e topologies agree): from 0.0.19 a 32-bit shard's
 #: rows need not fill a sublane tile (0.0.17, JAX 0.6.2, refuses 3 rows of float32; 0.0.19 to 0.0.40,
 #: JAX 0.7.0 to 0.10.0, compile them); from 0.0.42 no 2-D window need be tile-aligned (0.0.40
 #: refuses 1 row of bfloat16 and 8 columns; 0.0.42 and 0.0.50, JAX 0.10.2 and 0.12, compile both).
@@ -245,7 +245,7 @@ def row_split(
 def refuse_what_a_tpu_cannot_do(name: str, shard_shape: tuple[int, ...], dtype: Any) -> None:
     """``TpuConstraintError`` naming the constraint, for a shard the TPU compiler of this JAX refuses
     (the libtpu it pins, or the one installed: ``tpu_compiler.libtpu_in_use``), through
-    :func:`conformance.mosaic.refuse`, so the suite can hold each refusal against the real compiler.
+    :func:`conformance.targets.mosaic.refuse`, so the suite can hold each refusal against the real compiler.
 
     Called only when the kernel is compiled for a TPU; interpret mode has no
     layouts and runs every shape.

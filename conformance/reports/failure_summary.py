@@ -18,9 +18,10 @@ import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
-from conformance import checks, registry, results
+from conformance import checks, registry
 from conformance.checks.base import CONCERNS
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
+from conformance.reports import results
 from conformance.specs.base import FIXED_SHAPES
 
 #: Causes listed per implementation before the rest are counted.
@@ -189,7 +190,7 @@ START_HERE_RULE = (
 def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
     """Lines of the summary, one block per implementation with a failure; ``[]`` if none failed.
 
-    ``outcomes``: the run's (:class:`conformance.results.Outcome`, their id parts filled in); a
+    ``outcomes``: the run's (:class:`conformance.reports.results.Outcome`, their id parts filled in); a
     failure's case and verdict line come from the check's failure the outcome carries."""
     by_impl: dict[tuple[str, str], list[results.Outcome]] = defaultdict(list)
     for o in outcomes:

@@ -28,8 +28,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from conformance import compat, compilation_cache, target_compiles
+from conformance import compat
 from conformance.fixtures.meshes import MeshConfig, mesh_over, mesh_over_axis_types
+from conformance.targets import compilation_cache, target_compiles
 
 #: How the suite's messages name this compiler's target.
 NAME = "TPU"
@@ -49,7 +50,7 @@ V5E_BY_CHIPS = {
 
 
 class CompilerRefusal(Exception):
-    """The compiler (libtpu's here, XLA:GPU's in :mod:`conformance.gpu_compiler`) refused the program;
+    """The compiler (libtpu's here, XLA:GPU's in :mod:`conformance.targets.gpu_compiler`) refused the program;
     the message is the compiler's, quoted."""
 
 
@@ -221,9 +222,9 @@ def compile_on(
     under ``LIBTPU_INIT_ARGS``, the run's ``--compiler-option`` pairs libtpu knows and ``options``:
     :class:`CompilerRefusal` quoting the toolchain where it refuses (JAX's side of Mosaic while
     lowering, XLA:TPU and Mosaic in libtpu while compiling). A kernel's own
-    :class:`~conformance.mosaic.TpuConstraintError` propagates as it is. A program compiled before
-    (by another worker, an earlier run) is read back (:mod:`conformance.target_compiles`)."""
-    from conformance.mosaic import TpuConstraintError
+    :class:`~conformance.targets.mosaic.TpuConstraintError` propagates as it is. A program compiled before
+    (by another worker, an earlier run) is read back (:mod:`conformance.targets.target_compiles`)."""
+    from conformance.targets.mosaic import TpuConstraintError
 
     traced = jax.jit(fn).trace(*args)  # what raises here is the kernel's own, raised while tracing
     given = compile_options(options)

@@ -1,7 +1,7 @@
 """What one check says about one case: a :class:`CheckOutcome` (verdict, message, records), and
 :func:`run_here`, which runs a check in this process and catches what it raises into one.
 :func:`conformance.run.run_check` is the run path every caller uses; the worker process of
-:mod:`conformance.isolation` calls :func:`run_here` itself.
+:mod:`conformance.run.pallas_worker` calls :func:`run_here` itself.
 
 Verdicts:
 
@@ -23,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance import bench, checks, compat, runner, target_compiles
+from conformance import checks, compat, runner
 from conformance import session as session_lib
 from conformance.checks.base import Check, compile_timeout_failure
+from conformance.reports import bench
 from conformance.runner import Case
+from conformance.targets import target_compiles
 
 #: What a check can say.
 CHECK_VERDICTS = ("passed", "failed", "skipped", "not_judged")

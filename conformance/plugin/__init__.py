@@ -1,4 +1,13 @@
-"""pytest plugin: loads kernels, parametrizes the family tests, gates backends, reports results.
+"""The pytest side: loads kernels, parametrizes the family tests, gates backends, reports results.
+
+This module holds the hooks; beside it, :mod:`~conformance.plugin.command_options` (the options and
+the usage errors a run is refused with), :mod:`~conformance.plugin.kernel_modules` (``--kernels``),
+:mod:`~conformance.plugin.mesh_options` (``--meshes``), :mod:`~conformance.plugin.known_failures`
+(xfails and skips files), :mod:`~conformance.plugin.xdist_workers` (``-n``),
+:mod:`~conformance.plugin.job_ranks` (one rank of a multi-process job) and
+:mod:`~conformance.plugin.end_of_run` (each outcome into the run log; the tables, summary and
+files at the end). It may import anything below it; nothing of the suite imports it but the
+pytest fixtures it registers and the test modules.
 
 Installed, the suite's package registers this module as a pytest plugin (entry point
 ``pytest11``: ``conformance``), so ``pytest --pyargs conformance`` works from any
@@ -19,23 +28,23 @@ Options:
 ``--xfails-file=F``, ``--skips-file=F``
     known failures / tests not to run: one test id or glob per line, ``#`` comments
     (array-api-tests' convention). Ids are the uniform ``family/impl/check/mesh/...`` ones
-    (:mod:`conformance.results`) or pytest node ids. An xfail that passes fails the run
+    (:mod:`conformance.reports.results`) or pytest node ids. An xfail that passes fails the run
     (strict); a line that matches no collected test is reported as stale.
 ``--conformance-json=PATH``, ``--conformance-html=PATH``
-    every outcome and table of the run as JSON (schema in :mod:`conformance.results`) and
+    every outcome and table of the run as JSON (schema in :mod:`conformance.reports.results`) and
     as one self-contained HTML page.
 ``--require-backend=PLATFORM``
     fail (exit status 4) when this host has no ``PLATFORM`` backend, instead of skipping
     every test that needs it.
 ``--hang-timeout=SECONDS``, ``--check-timeout=SECONDS``, ``--isolation=process|off``
-    the bounds on a Pallas kernel in interpret mode (see :mod:`conformance.isolation`).
+    the bounds on a Pallas kernel in interpret mode (see :mod:`conformance.run.pallas_worker`).
 ``--compiler-option=NAME=VALUE`` (repeatable), ``--behind-compiler=report|fail``
     an option for every compile for a TPU or GPU topology (recorded with each verdict); whether a
     kernel behind the compiler's own collective matmul fails (:mod:`conformance.checks.tpu_schedule`).
 ``--compilation-cache=DIR|off``
-    where JAX's persistent compilation cache lives (:mod:`conformance.compilation_cache`).
+    where JAX's persistent compilation cache lives (:mod:`conformance.targets.compilation_cache`).
 ``-n auto`` (pytest-xdist)
-    the tests over worker processes, reported as one run (:mod:`conformance.plugin_xdist`).
+    the tests over worker processes, reported as one run (:mod:`conformance.plugin.xdist_workers`).
 
 Each family test module sets ``FAMILY = "<name>"``; tests that take
 ``implementation`` are parametrized over that family's registered
@@ -60,42 +69,35 @@ from pathlib import Path
 
 import pytest
 
-from conformance import (
-    compat,
-    compilation_cache,
-    distributed,
-    gpu_compiler,
-    known_failures,
-    plugin_jobs,
-    plugin_kernels,
-    plugin_meshes,
-    plugin_options,
-    plugin_report,
-    plugin_xdist,
-    registry,
-    results,
-    runner,
-    specs,
-    strategies,
-    target_compiles,
-    tpu_compiler,
-)
+from conformance import compat, registry, runner, specs, strategies
 from conformance.checks.base import Axes
 from conformance.fixtures import devices as devices_lib
 from conformance.fixtures import pytest_fixtures
-from conformance.plugin_report import (
+from conformance.jobs import distributed
+from conformance.plugin import (
+    command_options,
+    end_of_run,
+    job_ranks,
+    kernel_modules,
+    known_failures,
+    mesh_options,
+    xdist_workers,
+)
+from conformance.plugin.end_of_run import (
     MISSING_BACKENDS,
     PLATFORMS,
     SESSION,
     STARTED,
     run_log,
 )
+from conformance.reports import results
 from conformance.session import (
     TIME_BOUNDS,
     Session,
     Settings,
 )
 from conformance.specs.base import FIXED_SHAPES
+from conformance.targets import compilation_cache, gpu_compiler, target_compiles, tpu_compiler
 
 #: The markers the suite's tests carry, registered by the plugin (so ``--strict-markers`` works anywhere).
 MARKERS = (
@@ -119,28 +121,28 @@ MARKERS = (
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    plugin_options.add_options(parser)
+    command_options.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     in_job = config.getoption("distributed") or distributed.launched()
-    if in_job and (plugin_xdist.is_controller(config) or plugin_xdist.is_worker(config)):
+    if in_job and (xdist_workers.is_controller(config) or xdist_workers.is_worker(config)):
         raise pytest.UsageError(
             "-n (pytest-xdist) in a multi-process JAX job: each rank is one process of the job; "
             "run the job without -n"
         )
     # --meshes is read here, before any worker starts (under -n a worker's usage error is a crash)
-    config.stash[pytest_fixtures.WANTED_MESHES] = plugin_meshes.meshes_option(config)
+    config.stash[pytest_fixtures.WANTED_MESHES] = mesh_options.meshes_option(config)
     gpu_compiler.configure_from_environment()  # a mocked GPU topology, before any backend starts
-    config.add_cleanup(plugin_xdist.fit_to_cpu_share(config))  # before XLA sizes its thread pools
+    config.add_cleanup(xdist_workers.fit_to_cpu_share(config))  # before XLA sizes its thread pools
     config.add_cleanup(tpu_compiler.chipless_start())  # before libtpu loads
     config.add_cleanup(gpu_compiler.deviceless_start())  # before JAX's CUDA plugin loads
-    if plugin_xdist.is_controller(config) and not in_job:  # its report's host line: the workers' devices
+    if xdist_workers.is_controller(config) and not in_job:  # its report's host line: the workers' devices
         compat.cpu_devices_in_this_process(devices_lib.CPU_DEVICE_COUNT)
     # Registered before JAX's own shutdown handlers, so it runs after them (atexit runs in reverse).
-    atexit.register(plugin_jobs.exit_past_abandoned_calls, config)
+    atexit.register(job_ranks.exit_past_abandoned_calls, config)
     if in_job:
         distributed.initialize()
     try:
@@ -153,13 +155,13 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
-    if not plugin_xdist.is_worker(config) and (problem := plugin_options.usage_problem(config)):
+    if not xdist_workers.is_worker(config) and (problem := command_options.usage_problem(config)):
         raise pytest.UsageError(problem)
-    compilers = [] if plugin_xdist.is_worker(config) else [tpu_compiler, gpu_compiler]  # the controller's
+    compilers = [] if xdist_workers.is_worker(config) else [tpu_compiler, gpu_compiler]  # the controller's
     if problem := target_compiles.check_user_options(run_settings.compiler_options, compilers):
         raise pytest.UsageError(problem)
     session = Session(run_settings)
-    session.log = results.RunLog(unsent=[] if plugin_xdist.is_worker(config) else None)
+    session.log = results.RunLog(unsent=[] if xdist_workers.is_worker(config) else None)
     config.stash[SESSION] = session
     # Active for the whole pytest session (what runs outside a check, e.g. a benchmark's kernel
     # under the watchdog, reads its bounds); undone at unconfigure.
@@ -184,24 +186,24 @@ def pytest_configure(config: pytest.Config) -> None:
     strategies.use_profile(config.getoption("hypothesis_profile", None))
     config.stash[STARTED] = (datetime.datetime.now().astimezone(), time.monotonic())
     config.pluginmanager.register(_DevicesAfterCollection(), "conformance-devices")
-    from_workers = plugin_xdist.is_controller(config)
+    from_workers = xdist_workers.is_controller(config)
     if from_workers:
-        plugin_xdist.let_workers_share_libtpu()
+        xdist_workers.let_workers_share_libtpu()
     config.pluginmanager.register(
-        plugin_report.OutcomeRecorder(session.log, from_workers=from_workers), "conformance-outcomes"
+        end_of_run.OutcomeRecorder(session.log, from_workers=from_workers), "conformance-outcomes"
     )
     if from_workers:
         config.stash[PLATFORMS] = set()
         config.stash[MISSING_BACKENDS] = {}
-        controller = plugin_xdist.Controller(
+        controller = xdist_workers.Controller(
             session.log, config.stash[PLATFORMS], config.stash[MISSING_BACKENDS]
         )
         config.pluginmanager.register(controller, "conformance-xdist")
-    config.pluginmanager.register(plugin_report, "conformance-report")  # its hooks: the end of the run
+    config.pluginmanager.register(end_of_run, "conformance-report")  # its hooks: the end of the run
     config.pluginmanager.register(pytest_fixtures, "conformance-fixtures")
     try:
-        plugin_kernels.import_modules(["conformance.kernels", *plugin_kernels.kernel_modules(config)])
-    except plugin_kernels.KernelsModuleError as e:
+        kernel_modules.import_modules(["conformance.kernels", *kernel_modules.kernel_modules(config)])
+    except kernel_modules.KernelsModuleError as e:
         raise pytest.UsageError(str(e)) from e
     pattern = config.getoption("impl")
     if pattern and not any(registry.registered(f, pattern) for f in specs.FAMILIES):
@@ -211,11 +213,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    return plugin_xdist.auto_num_workers(config)
+    return xdist_workers.auto_num_workers(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return plugin_xdist.header_lines(config)
+    return xdist_workers.header_lines(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -241,7 +243,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         impls = [i for i in impls if axes.selects(i)]
         metafunc.parametrize("implementation", [i.name for i in impls])
     if "mesh_config" in names:
-        plugin_meshes.parametrize_meshes(metafunc, axes)
+        mesh_options.parametrize_meshes(metafunc, axes)
     else:
         if "dma_mode" in names:
             metafunc.parametrize("dma_mode", runner.DMA_MODES)
@@ -256,7 +258,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
-#: Per item: its uniform id and parameters (:mod:`conformance.results`).
+#: Per item: its uniform id and parameters (:mod:`conformance.reports.results`).
 _META = pytest.StashKey[dict]()
 
 
@@ -357,7 +359,7 @@ class _DevicesAfterCollection:
             _meta(item)
         if not ours:
             return  # a session without the suite's tests: JAX is left exactly as the user set it
-        items[:] = plugin_xdist.in_groups(items, _is_conformance_item)
+        items[:] = xdist_workers.in_groups(items, _is_conformance_item)
         # In a job, each process has the devices the job gave it (launch: --devices-per-process);
         # asking for 8 here would give every process 8 and keep every mesh inside process 0.
         problem = (
@@ -381,7 +383,7 @@ class _DevicesAfterCollection:
             )
         config.stash[PLATFORMS] = _selected_platforms(ours)
         if distributed.is_multi_process():
-            plugin_jobs.same_tests_on_every_rank([i.nodeid for i in items])
+            job_ranks.same_tests_on_every_rank([i.nodeid for i in items])
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -420,7 +422,7 @@ def pytest_runtest_logfinish(nodeid: str, location) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     rep = outcome.get_result()
-    plugin_jobs.agree_on_outcome(rep)
+    job_ranks.agree_on_outcome(rep)
     if not _is_conformance_item(item):
         return
     meta = _meta(item)
@@ -436,12 +438,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         note("replay", noted.case.replay_command(noted.check))
     if rep.when == "call" and rep.failed:
         # the check's own failure: the outcome's verdict line, and its case for the failure summary
-        failure = plugin_report.conformance_failure(call.excinfo.value if call.excinfo else None)
+        failure = end_of_run.conformance_failure(call.excinfo.value if call.excinfo else None)
         cause = results.FailureCause.of(failure, check=meta.get("check"))
         rep.conformance_failure = cause.as_json() if cause is not None else None  # plain values: the
         # report may travel to another process (pytest-xdist)
         if failure is not None and failure.case is not None:
             note("case", failure.case.token)
             note("replay", failure.case.replay_command(failure.check))
-    if plugin_xdist.is_worker(item.config):  # what the controller's report needs of this test
-        rep.conformance_payload = plugin_xdist.report_payload(run_log(item.config), meta)
+    if xdist_workers.is_worker(item.config):  # what the controller's report needs of this test
+        rep.conformance_payload = xdist_workers.report_payload(run_log(item.config), meta)

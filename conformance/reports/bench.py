@@ -9,7 +9,8 @@ from conformance import registry, runner
 from conformance.runner import Case
 from conformance.specs.base import BATCH_DIM
 
-#: Where a run log keeps the benchmark rows of its run (:meth:`conformance.results.RunLog.add_records`).
+#: Where a run log keeps the benchmark rows of its run
+#: (:meth:`conformance.reports.results.RunLog.add_records`).
 SOURCE = "benchmark"
 
 

@@ -16,20 +16,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import (
-    claims,
-    distributed,
-    family_tests,
-    plugin_report,
-    registry,
-    results,
-    strategies,
-    transfers,
-)
+from conformance import claims, family_tests, registry, strategies, transfers
 from conformance.checks.base import Check
 from conformance.fixtures import devices as devices_lib
+from conformance.jobs import distributed
+from conformance.plugin import end_of_run
+from conformance.reports import results
 from conformance.run import run_check
-from conformance.specs import SEND_RECV
+from conformance.specs.send_recv import SEND_RECV
 from conformance.transfers import LAYOUT_NAMES, ROUTES, Layout, Route, Transfer
 
 FAMILY = transfers.FAMILY
@@ -82,7 +76,7 @@ def run(request: pytest.FixtureRequest, check: Callable[..., None], t: Transfer,
     """Run one check on the run path every check takes (:func:`conformance.run.run_check`: in a
     multi-process job the verdict is agreed across ranks); its outcome joins the session's log."""
     name = check.__name__.removeprefix("check_")
-    session = request.config.stash[plugin_report.SESSION]
+    session = request.config.stash[end_of_run.SESSION]
     outcome = run_check(Check(name, lambda case: check(case, *args)), t, session)
     if session.log is not None:
         session.log.add(outcome)

@@ -12,7 +12,7 @@ and 120 s with one worker pinned to one core, against 19 s unthrottled.
 
 So the plugin asks (:func:`usable_cpus`) how many CPUs the quota grants, starts that many workers
 for ``-n auto`` (for one CPU, the suite's own run stays in one process: a worker would add only its
-controller's cost; :func:`conformance.plugin_xdist.auto_num_workers`), and where the quota is below
+controller's cost; :func:`conformance.plugin.xdist_workers.auto_num_workers`), and where the quota is below
 the cores a process may run on, gives each process of the run its share of the cores
 (:func:`fit_to_share`) before JAX's backend starts, so that XLA's pools are sized by it. A host
 without a quota is left as it is, and ``CONFORMANCE_CPU_SHARE=off`` leaves every process where it

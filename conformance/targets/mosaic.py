@@ -10,7 +10,7 @@ layouts, so a kernel planning DMA windows for a chip reads them here (:func:`til
 A kernel refuses what a chip cannot run with :func:`refuse` (public as
 :func:`conformance.refuse_on_tpu`): a :class:`TpuConstraintError` naming the constraint, which the
 TPU layout check can set aside (:func:`asking_the_compiler`) to hold the refusal against the real
-compiler (:mod:`conformance.tpu_compiler`). The judge of layout is that compiler; this module holds
+compiler (:mod:`conformance.targets.tpu_compiler`). The judge of layout is that compiler; this module holds
 no model of its rules (one, re-derived from the serialized kernel, fitted libtpu 0.0.17 alone and
 was removed once every host could run the compiler).
 """

@@ -1,7 +1,7 @@
 """The seed issue's case (JAX #21855), declared the way current JAX wants: no backward collective.
 
 A Pallas kernel inside ``shard_map`` with a ``custom_vjp``, on a 2-D mesh,
-result replicated over one axis (:mod:`conformance.seed_cases`). With its
+result replicated over one axis (:mod:`conformance.tests.seed_cases`). With its
 varying axes declared, its VJP must hold no collective, neither in the module
 compiled here nor in the one lowered for TPU, and its gradient must be exact.
 The undeclared form is in the self-test: the same audit must report it.
@@ -16,8 +16,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from conformance import checks, seed_cases
+from conformance import checks
 from conformance.fixtures.meshes import build_mesh, parse_mesh
+from conformance.tests import seed_cases
 
 pytestmark = pytest.mark.cpu
 #: It runs the seed's own kernel, no registered implementation: ``--impl`` deselects it.

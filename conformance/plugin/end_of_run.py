@@ -1,6 +1,6 @@
 """The end of a pytest session: each test's outcome into the run log, then the tables, the
 kernel x check matrix, the failures by cause, the JSON and HTML files and the JUnit properties,
-all drawn from that log (:class:`conformance.results.RunLog`)."""
+all drawn from that log (:class:`conformance.reports.results.RunLog`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import time
 
 import pytest
 
-from conformance import bench, checks, claims, distributed, plugin_xdist, report, results
+from conformance import checks, claims
 from conformance.fixtures import devices as devices_lib
+from conformance.jobs import distributed
+from conformance.plugin import xdist_workers
+from conformance.reports import bench, failure_summary, results
 from conformance.session import Session
 
 #: The pytest session's :class:`~conformance.session.Session` (settings, state and run log).
@@ -28,7 +31,7 @@ WRITTEN = pytest.StashKey[dict]()
 
 
 def run_log(config: pytest.Config) -> results.RunLog:
-    """This pytest session's :class:`~conformance.results.RunLog`."""
+    """This pytest session's :class:`~conformance.reports.results.RunLog`."""
     return config.stash[SESSION].log
 
 
@@ -91,7 +94,7 @@ class OutcomeRecorder:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.from_workers:
-            plugin_xdist.take_report_payload(self.log, report)
+            xdist_workers.take_report_payload(self.log, report)
         props = dict(report.user_properties)
         if "conformance_id" not in props:
             return
@@ -198,7 +201,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         tr.section("conformance matrix: implementation x check")
         for line in lines:
             tr.write_line(line)
-    lines = report.summarize(outcomes(log))
+    lines = failure_summary.summarize(outcomes(log))
     if lines:
         tr.section("conformance failures by implementation: each cause once, smallest failing case first")
         for line in lines:
@@ -221,10 +224,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     config.stash[EXIT_STATUS] = int(exitstatus)
     log = run_log(config)
-    if plugin_xdist.is_worker(config):  # the controller reports; it needs what collection found here
+    if xdist_workers.is_worker(config):  # the controller reports; it needs what collection found here
         platforms = config.stash.get(PLATFORMS, set())
-        output = plugin_xdist.worker_output(log, platforms, missing_backends(config))
-        config.workeroutput[plugin_xdist.WORKER_OUTPUT_KEY] = output  # type: ignore[attr-defined]
+        output = xdist_workers.worker_output(log, platforms, missing_backends(config))
+        config.workeroutput[xdist_workers.WORKER_OUTPUT_KEY] = output  # type: ignore[attr-defined]
         return
     if not log.outcomes:
         return
@@ -244,7 +247,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         duration_s=time.monotonic() - t0,
         stale=log.stale,
         command=results.command_line(list(config.invocation_params.args)),
-        summary=report.summarize(outcomes(log)),
+        summary=failure_summary.summarize(outcomes(log)),
     )
     written = config.stash.setdefault(WRITTEN, {})
     for path, write in ((json_path, results.write_json), (html_path, results.write_html)):

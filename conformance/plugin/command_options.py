@@ -1,7 +1,7 @@
 """The plugin's options: what ``pytest --help`` lists under "collective-kernel conformance", and the
 usage errors a run is refused with before it starts (a report path it could not write at its end, a
 compile tier ``-m`` asks for that cannot run on this host). The options themselves are described in
-:mod:`conformance.pytest_plugin`."""
+:mod:`conformance.plugin`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from conformance import compilation_cache, gpu_compiler, results, tpu_compiler
 from conformance.fixtures import devices as devices_lib
+from conformance.reports import results
 from conformance.session import (
     BEHIND_COMPILER_MODES,
     ISOLATION_MODES,
@@ -19,6 +19,7 @@ from conformance.session import (
     TIME_BOUNDS,
     Settings,
 )
+from conformance.targets import compilation_cache, gpu_compiler, tpu_compiler
 
 
 def add_options(parser: pytest.Parser) -> None:

@@ -50,7 +50,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from conformance import html_plots
+from conformance.reports import html_plots
 
 SCHEMA = "conformance-results/1"
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "not_claimed")
@@ -155,7 +155,7 @@ class RunLog:
     unsent: list[tuple[str, Any]] | None = None
 
     def add(self, outcome: Any) -> None:
-        """A :class:`~conformance.outcomes.CheckOutcome` of the running test: its records join the
+        """A :class:`~conformance.run.outcomes.CheckOutcome` of the running test: its records join the
         run's, and it becomes the test's last check."""
         self.add_records(outcome.check, outcome.records)
         if self.current is not None:
@@ -320,7 +320,8 @@ def to_json(
     summary: list[str] = (),
 ) -> dict[str, Any]:
     """The run as the JSON document; ``summary``: the failure summary's lines as the terminal printed
-    them (:func:`conformance.report.summarize`), which the HTML page shows above the failures."""
+    them (:func:`conformance.reports.failure_summary.summarize`), which the HTML page shows above the
+    failures."""
     m = matrix(outcomes)
     return {
         "schema": SCHEMA,

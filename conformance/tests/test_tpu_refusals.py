@@ -1,6 +1,6 @@
 """The TPU layout model, and what the built-in Pallas ring refuses when compiled for TPU chips.
 
-:mod:`conformance.mosaic` models the tiles a TPU's compiler gives each buffer;
+:mod:`conformance.targets.mosaic` models the tiles a TPU's compiler gives each buffer;
 its numbers are pinned here against the tilings XLA documents for TPU arrays
 (f32 ``T(8,128)``, bf16 ``T(16,128)``, int8 ``T(32,128)``, small arrays a
 smaller power of two). The built-in ring must refuse, naming the constraint,
@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from conformance import compat, mosaic, tpu_compiler
+from conformance import compat
 from conformance.fixtures.meshes import build_mesh, parse_mesh
 from conformance.kernels.all_gather.pallas_ring import (
     ANY_2D_WINDOW,
@@ -28,6 +28,7 @@ from conformance.kernels.all_gather.pallas_ring import (
     pallas_ring_all_gather_unidirectional,
     row_split,
 )
+from conformance.targets import mosaic, tpu_compiler
 
 pytestmark = pytest.mark.cpu
 

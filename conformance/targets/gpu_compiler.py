@@ -40,9 +40,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from conformance import compilation_cache, target_compiles
 from conformance.fixtures.meshes import MeshConfig, mesh_over
-from conformance.tpu_compiler import CompilerRefusal, first_lines
+from conformance.targets import compilation_cache, target_compiles
+from conformance.targets.tpu_compiler import CompilerRefusal, first_lines
 
 __all__ = ["CompilerRefusal"]
 
@@ -60,7 +60,7 @@ class GpuTarget:
     """A GPU model XLA:GPU can compile for without one: its target config, read off the device."""
 
     name: str  #: ``"h100"``
-    config_file: str  #: in ``conformance/gpu_targets``
+    config_file: str  #: in ``conformance/targets/gpu_targets``
     device_kind: str  #: as JAX names the device
 
     def config_text(self) -> str:
@@ -317,7 +317,7 @@ def compile_on(
 ) -> Any:
     """``jit(fn)`` lowered and compiled for the GPUs ``args`` are sharded on: :class:`CompilerRefusal`
     quoting XLA:GPU where it refuses. JAX's compilation cache is bypassed (a compile-only client's
-    executable cannot be read back; :mod:`conformance.target_compiles` keeps what the checks read
+    executable cannot be read back; :mod:`conformance.targets.target_compiles` keeps what the checks read
     instead); with :data:`COMPILE_OPTIONS`, then ``XLA_FLAGS``, the run's ``--compiler-option`` pairs
     XLA:GPU knows and ``options``."""
     compiler = f"XLA:GPU {plugin_version()} jaxlib {jax.__version__} mocked {mock_topology()}"

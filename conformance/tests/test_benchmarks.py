@@ -31,8 +31,9 @@ import math
 import jax
 import pytest
 
-from conformance import bench, claims, compat, pytest_plugin, registry, runner, specs, transfers
+from conformance import claims, compat, plugin, registry, runner, specs, transfers
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
+from conformance.reports import bench
 from conformance.runner import Case
 
 pytestmark = pytest.mark.benchmark
@@ -111,7 +112,7 @@ def test_benchmark(
         received_bytes=case.spec.min_received_bytes(case.dims_map, n, 4),
         platform=platform,
     )
-    pytest_plugin.run_log(request.config).add_records(bench.SOURCE, [row])
+    plugin.run_log(request.config).add_records(bench.SOURCE, [row])
     benchmark.extra_info.update(
         family=family,
         mesh=row.mesh,
@@ -171,7 +172,7 @@ def test_benchmark_send_recv(
         dtype=dtype,
         point_to_point=True,
     )
-    pytest_plugin.run_log(request.config).add_records(bench.SOURCE, [row])
+    plugin.run_log(request.config).add_records(bench.SOURCE, [row])
     benchmark.extra_info.update(
         family="send_recv",
         mesh=row.mesh,

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from conformance import distributed
-from conformance.plugin_report import EXIT_STATUS, SESSION, skip_reason
+from conformance.jobs import distributed
+from conformance.plugin.end_of_run import EXIT_STATUS, SESSION, skip_reason
 
 
 def exit_past_abandoned_calls(config: pytest.Config) -> None:

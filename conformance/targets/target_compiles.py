@@ -181,12 +181,13 @@ def flags_in_effect(options: dict[str, Any] | None) -> str:
 
 
 def probe_option(compiler: Any, name: str, value: object) -> str | None:
-    """What ``compiler`` (:mod:`~conformance.tpu_compiler` or :mod:`~conformance.gpu_compiler`) says
+    """What ``compiler`` (:mod:`~conformance.targets.tpu_compiler` or
+    :mod:`~conformance.targets.gpu_compiler`) says
     to compile option ``name=value`` on a one-device program: ``None`` if it takes it, else its
     words ("No such compile option" where it does not know the name)."""
     device = compiler.topology_devices(compiler.topology_for(8))[0]
     arg = jax.ShapeDtypeStruct((8, 128), "float32", sharding=jax.sharding.SingleDeviceSharding(device))
-    from conformance import compilation_cache
+    from conformance.targets import compilation_cache
 
     try:
         with compilation_cache.bypassed():
@@ -258,9 +259,7 @@ def compile_lowered(
         except CompileTimeout as timeout:
             timeout.compiler = compiler
             memory[key] = timeout  # this run does not try the same program again; another run does
-            session.abandoned_compiles.append(
-                f"a compile by {compiler}, past {timeout.seconds:g} s"
-            )
+            session.abandoned_compiles.append(f"a compile by {compiler}, past {timeout.seconds:g} s")
             raise
         except Exception as e:  # the compiler's refusal, whatever its exception type
             kept = f"{type(e).__name__}: {e}"
@@ -280,7 +279,7 @@ def compile_lowered(
 class CompileTimeout(Exception):
     """A compile for a TPU or GPU topology that did not finish within the run's ``compile_timeout_s``
     (``--compile-timeout``): given up, its thread left to finish or not (a daemon: it does not hold the
-    exit, and :func:`conformance.plugin_jobs.exit_past_abandoned_calls` ends the process past it)."""
+    exit, and :func:`conformance.plugin.job_ranks.exit_past_abandoned_calls` ends the process past it)."""
 
     def __init__(self, seconds: float, compiler: str = "", *, again: bool = False) -> None:
         self.seconds, self.compiler, self.again = seconds, compiler, again

@@ -47,10 +47,11 @@ import threading
 import time
 from typing import Any, TextIO
 
-from conformance import blame, checks, compat, outcomes, registry
+from conformance import blame, checks, compat, registry
 from conformance import session as session_lib
 from conformance.checks.base import Check
-from conformance.outcomes import CheckOutcome
+from conformance.run import outcomes
+from conformance.run.outcomes import CheckOutcome
 from conformance.runner import Case
 
 #: Seconds the worker may take to start (import JAX and the kernel modules).
@@ -91,7 +92,7 @@ class Worker:
         argv = [
             sys.executable,
             "-m",
-            "conformance.isolation",
+            "conformance.run.pallas_worker",
             f"--hang-timeout={settings.hang_timeout_s}",
             f"--abort-grace={settings.abort_grace_s}",
             f"--kernels={','.join(modules)}",
@@ -297,7 +298,7 @@ def _serve(out: TextIO, settings: session_lib.Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m conformance.isolation")
+    parser = argparse.ArgumentParser(prog="python -m conformance.run.pallas_worker")
     parser.add_argument("--hang-timeout", type=float, required=True)
     parser.add_argument("--abort-grace", type=float, required=True)
     parser.add_argument("--kernels", default="")

@@ -1,8 +1,15 @@
 """The one run path: :func:`run_check` runs one check on one case and returns its
-:class:`~conformance.outcomes.CheckOutcome` (verdict, message, records). The pytest tests,
+:class:`~conformance.run.outcomes.CheckOutcome` (verdict, message, records). The pytest tests,
 absltest and the replay command call it, and each translates the outcome its own way (a pytest
-failure or skip, ``self.fail``/``skipTest``, an exit status); a Pallas kernel on CPU is checked in
-the worker process (:mod:`conformance.isolation`), which answers with the same outcome.
+failure or skip, ``self.fail``/``skipTest``, an exit status).
+
+Where a check runs is decided here, once: in this process (:func:`~conformance.run.outcomes.run_here`),
+in the worker process that checks Pallas kernels on CPU (:mod:`conformance.run.pallas_worker`, which
+answers with the same outcome), and in a multi-process job, agreed across the ranks
+(:func:`agreed`). Each module calls only lower ones: this one the worker and the outcomes, the
+worker the outcomes, the outcomes the checks.
+
+May import: the checks, the runner, the reports' record types, the jobs; not the pytest side.
 """
 
 from __future__ import annotations
@@ -11,10 +18,12 @@ import dataclasses
 import json
 from typing import Any
 
-from conformance import checks, compat, distributed, isolation
+from conformance import checks, compat
 from conformance import session as session_lib
 from conformance.checks.base import Check
-from conformance.outcomes import CheckOutcome, resolve, run_here
+from conformance.jobs import distributed
+from conformance.run import pallas_worker
+from conformance.run.outcomes import CheckOutcome, resolve, run_here
 from conformance.runner import Case
 
 
@@ -39,7 +48,7 @@ def run_check(check: Check | str, case: Case, session: session_lib.Session | Non
 
 
 def _run(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
-    if not isolation.applies(case, session.settings):
+    if not pallas_worker.applies(case, session.settings):
         return run_here(check, case, session)
     if distributed.is_multi_process():
         if session.settings.isolation != "process":
@@ -51,7 +60,7 @@ def _run(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome
             # Interpret mode cannot run a kernel across processes: rank 0's worker runs it on a
             # process-local mesh, and this rank takes that verdict (:func:`agreed`).
             return CheckOutcome(check.name, case, "passed")
-    return isolation.run_in_worker(check, case, session)
+    return pallas_worker.run_in_worker(check, case, session)
 
 
 def agreed(outcome: CheckOutcome) -> CheckOutcome:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from conformance import command_line
 
-#: Environment the launcher gives each rank (read by :mod:`conformance.distributed`).
+#: Environment the launcher gives each rank (read by :mod:`conformance.jobs.distributed`).
 PROCESS_ID = "CONFORMANCE_PROCESS_ID"
 NUM_PROCESSES = "CONFORMANCE_NUM_PROCESSES"
 DEVICES_PER_PROCESS = "CONFORMANCE_DEVICES_PER_PROCESS"

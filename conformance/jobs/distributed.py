@@ -1,6 +1,6 @@
 """The suite as one process of a multi-process JAX job (``pytest --distributed``).
 
-Started by ``python -m conformance launch`` (:mod:`conformance.launch`), a rank finds its
+Started by ``python -m conformance launch`` (:mod:`conformance.jobs.launch`), a rank finds its
 place in the launcher's environment; started by another launcher (Open MPI's ``mpirun``,
 SLURM's ``srun``, a Cloud TPU pod's ``--worker=all``), ``jax.distributed.initialize()``
 detects the cluster itself. Either way this runs before any backend starts: it sets the
@@ -18,7 +18,7 @@ import jax
 
 from conformance import compat
 from conformance import session as session_lib
-from conformance.launch import DEVICES_PER_PROCESS, LOG_DIR, NUM_PROCESSES, PROCESS_ID
+from conformance.jobs.launch import DEVICES_PER_PROCESS, LOG_DIR, NUM_PROCESSES, PROCESS_ID
 
 #: Why a Pallas kernel's checks on CPU skip in a multi-process job.
 PALLAS_INTERPRET = (

@@ -16,10 +16,10 @@ import re
 
 import pytest
 
-from conformance import distributed
 from conformance.checks.base import Axes
 from conformance.fixtures import devices as devices_lib
 from conformance.fixtures import meshes, pytest_fixtures
+from conformance.jobs import distributed
 from conformance.specs.base import FIXED_SHAPES
 
 
@@ -57,7 +57,7 @@ def _devices_for_meshes(config: pytest.Config) -> tuple[int | None, str]:
     known before the backend starts (a job of another launcher; a GPU or TPU run, whose devices are
     the host's: a mesh it cannot hold skips there, naming what it needs)."""
     if distributed.launched():
-        from conformance import launch
+        from conformance.jobs import launch
 
         processes, per_process = (
             os.environ.get(launch.NUM_PROCESSES),

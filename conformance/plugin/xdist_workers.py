@@ -3,8 +3,8 @@ processes and reports them as one run.
 
 Each worker is a run of its own (its session, its compiled executables, its Pallas worker
 process). What the report needs of a test travels back with the test's report, in plain values:
-its uniform id and parts, its failure's cause (:class:`conformance.results.FailureCause`) and the
-records its checks made for the run's tables (:func:`conformance.outcomes.record_to_json`). When a
+its uniform id and parts, its failure's cause (:class:`conformance.reports.results.FailureCause`) and the
+records its checks made for the run's tables (:func:`conformance.run.outcomes.record_to_json`). When a
 worker finishes it sends the stale lines of the known-failures files (each worker collects every
 test, so each finds the same) and the platforms its tests needed. The controller, the process
 that prints, writes the JSON, HTML and JUnit files, rebuilds its run log from these alone.
@@ -29,8 +29,10 @@ from typing import Any
 
 import pytest
 
-from conformance import cpu_share, outcomes, results
 from conformance.fixtures.meshes import DEVICE_ORDERS
+from conformance.jobs import cpu_share
+from conformance.reports import results
+from conformance.run import outcomes
 
 #: The key of a worker's end-of-run message in xdist's ``workeroutput``.
 WORKER_OUTPUT_KEY = "conformance"
@@ -67,7 +69,7 @@ def let_workers_share_libtpu() -> None:
 
 
 def auto_num_workers(config: pytest.Config | None = None) -> int | None:
-    """``-n auto``'s worker count: the CPUs a quota grants (:func:`conformance.cpu_share.usable_cpus`),
+    """``-n auto``'s worker count: the CPUs a quota grants (:func:`conformance.jobs.cpu_share.usable_cpus`),
     not the cores a container sees; ``None`` (xdist's own rule) where the user set
     ``PYTEST_XDIST_AUTO_NUM_WORKERS``.
 
@@ -85,7 +87,7 @@ def auto_num_workers(config: pytest.Config | None = None) -> int | None:
 def runs_the_suite(config: pytest.Config) -> bool:
     """Whether the command line names the suite's own tests: a path inside the installed
     ``conformance`` package (``pytest conformance``), or ``--pyargs conformance``."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the conformance package
     for arg in config.args:
         target = arg.split("::")[0]
         if getattr(config.option, "pyargs", False) and target.split(".")[0] == "conformance":
@@ -97,7 +99,7 @@ def runs_the_suite(config: pytest.Config) -> bool:
 
 
 def fit_to_cpu_share(config: pytest.Config) -> Callable[[], None]:
-    """Run this test process on its share of the CPUs a quota grants (:func:`conformance.cpu_share.
+    """Run this test process on its share of the CPUs a quota grants (:func:`conformance.jobs.cpu_share.
     fit_to_share`): a worker by its index among the workers, a job's rank by its process id, one
     process alone as the only one. The controller runs no test, and its workers inherit its cores:
     it is left as it is. Returns the closure that undoes it. What the run's header says of the share
@@ -115,7 +117,7 @@ def fit_to_cpu_share(config: pytest.Config) -> Callable[[], None]:
 
 
 def header_lines(config: pytest.Config) -> list[str]:
-    """What the run's header says of the CPU share (:func:`conformance.cpu_share.header_lines`), as it
+    """What the run's header says of the CPU share (:func:`conformance.jobs.cpu_share.header_lines`), as it
     stood before this process was given its share."""
     return config.stash.get(_HEADER, [])
 
@@ -124,8 +126,8 @@ def group_of(nodeid: str) -> str:
     """The scheduling group of a test: its module, implementation and mesh (or its module and
     function, for a test parametrized otherwise).
 
-    ``conformance/test_all_gather.py::test_values[pallas_ring_all_gather_bidirectional-8-x-auto-cpu]``
-    is in ``conformance/test_all_gather.py::pallas_ring_all_gather_bidirectional::8-x-auto``.
+    ``conformance/tests/test_all_gather.py::test_values[pallas_ring_all_gather_bidirectional-8-x-auto-cpu]``
+    is in ``conformance/tests/test_all_gather.py::pallas_ring_all_gather_bidirectional::8-x-auto``.
     """
     path, _, rest = nodeid.partition("::")
     function, _, params = rest.partition("[")

@@ -9,10 +9,11 @@ in ``DIR``; ``--compilation-cache=off`` (or a run without pytest's cache provide
 leaves JAX's settings alone, as does a cache directory the user set
 (``JAX_COMPILATION_CACHE_DIR``). What it holds: the compiles for the host's devices of the
 kernels and their VJPs, which the checks share. Not in it: the Pallas kernels' interpret-mode
-runs (they run in the worker process of :mod:`conformance.isolation`, which has no cache; with
+runs (they run in the worker process of :mod:`conformance.run.pallas_worker`, which has no cache; with
 ``--isolation=off`` the plugin leaves the cache off), and the compiles for TPU and GPU
 topologies (:func:`bypassed`), whose executables cannot be read back: what the checks read of those
-is kept in a folder beside it instead (:func:`target_compile_dir`, :mod:`conformance.target_compiles`).
+is kept in a folder beside it instead (:func:`target_compile_dir`,
+:mod:`conformance.targets.target_compiles`).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def directory(asked: str | None, *, in_job: bool, isolated: bool, pytest_cache: 
 
 def target_compile_dir(path: str) -> str:
     """Where the compiles for TPU and GPU topologies of a run with its cache in ``path`` are kept
-    (:mod:`conformance.target_compiles`): a folder of it."""
+    (:mod:`conformance.targets.target_compiles`): a folder of it."""
     return str(Path(path) / "target-compiles")
 
 
