@@ -91,8 +91,8 @@ class Worker:
         self.stderr = tempfile.TemporaryFile(mode="w+", prefix="conformance-worker-")  # noqa: SIM115 (outlives this call)
         argv = [
             sys.executable,
-            "-m",
-            "conformance.run.pallas_worker",
+            "-c",
+            WORKER_MAIN,
             f"--hang-timeout={settings.hang_timeout_s}",
             f"--abort-grace={settings.abort_grace_s}",
             f"--kernels={','.join(modules)}",
@@ -297,8 +297,13 @@ def _serve(out: TextIO, settings: session_lib.Settings) -> None:
         _send(out, answer)
 
 
+#: What the worker process runs: :func:`main` of this module, imported as itself (``python -m`` of a
+#: module of a package whose ``__init__`` imports it would run a second copy of it).
+WORKER_MAIN = "import sys; from conformance.run.pallas_worker import main; main(sys.argv[1:])"
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m conformance.run.pallas_worker")
+    parser = argparse.ArgumentParser(prog="conformance's Pallas worker")
     parser.add_argument("--hang-timeout", type=float, required=True)
     parser.add_argument("--abort-grace", type=float, required=True)
     parser.add_argument("--kernels", default="")
@@ -326,7 +331,3 @@ def main(argv: list[str] | None = None) -> None:
     out.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main()
