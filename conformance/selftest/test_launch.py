@@ -17,7 +17,7 @@ pytestmark = pytest.mark.selftest
 
 RING = """
 import os, jax, numpy as np
-from conformance import distributed
+from conformance.jobs import distributed
 distributed.initialize()
 from jax.sharding import NamedSharding, PartitionSpec as P
 n = jax.device_count()

@@ -68,7 +68,7 @@ def test_a_kernel_that_traces_per_rank_fails_on_every_rank(tmp_path: Path) -> No
 def test_a_rank_that_dies_in_a_kernel_ends_the_job(tmp_path: Path) -> None:
     done, took = _launch(tmp_path, "--impl=broken_mp_dies_in_kernel", "-k", "test_values and 4-x-auto")
     assert done.returncode == 17, done.stdout[-5000:]  # the rank's own exit status
-    assert "rank 1 of 2 ended with exit status 17 in test_allgather_matmul.py::test_values[" in done.stdout
+    assert "rank 1 of 2 ended with exit status 17 in tests/test_allgather_matmul.py::test_values[" in done.stdout
     assert took < 60, took
     assert not _left_behind()
 
@@ -79,7 +79,7 @@ def test_a_rank_that_hangs_in_a_collective_is_stopped_naming_the_test(tmp_path: 
     )
     assert done.returncode == 124, done.stdout[-5000:]
     assert "ran past --timeout 20 s" in done.stdout
-    assert "in test_allgather_matmul.py::test_values[broken_mp_hangs_in_kernel-" in done.stdout
+    assert "in tests/test_allgather_matmul.py::test_values[broken_mp_hangs_in_kernel-" in done.stdout
     assert took < 40, took
     assert not _left_behind()
 
@@ -130,7 +130,7 @@ def test_a_rank_that_leaves_a_test_early_fails_it_on_every_rank_at_once(tmp_path
     assert "rank 1 stopped before this step of the test" in done.stdout, done.stdout[-5000:]
     assert "not on this process" in done.stdout
     test = "test_values[broken_mp_claims_per_rank-float32-cpu-vector-4-permuted]"
-    assert f"FAILED test_send_recv.py::{test}" in done.stdout
+    assert f"FAILED tests/test_send_recv.py::{test}" in done.stdout
     rank1 = (tmp_path / "logs" / "rank-1.log").read_text()
     assert "failed on rank 0 of 2" in rank1, rank1[-3000:]
     assert took < 60, took
