@@ -68,7 +68,9 @@ def test_a_kernel_that_traces_per_rank_fails_on_every_rank(tmp_path: Path) -> No
 def test_a_rank_that_dies_in_a_kernel_ends_the_job(tmp_path: Path) -> None:
     done, took = _launch(tmp_path, "--impl=broken_mp_dies_in_kernel", "-k", "test_values and 4-x-auto")
     assert done.returncode == 17, done.stdout[-5000:]  # the rank's own exit status
-    assert "rank 1 of 2 ended with exit status 17 in tests/test_allgather_matmul.py::test_values[" in done.stdout
+    assert (
+        "rank 1 of 2 ended with exit status 17 in tests/test_allgather_matmul.py::test_values[" in done.stdout
+    )
     assert took < 60, took
     assert not _left_behind()
 
