@@ -22,6 +22,10 @@ rounding is not part of the error; only the kernel's own arithmetic is.
   product and one for the final rounding. It matters for float16 only (subnormals below 6.1e-5,
   spacing 6e-8), where a gradient of small terms lands there; for the other dtypes it is below
   1e-38.
+* A sum of n partials (a reduce-scatter, an all-reduce) computed in ``dtype`` in any order, each
+  addition rounded, is within ``gamma_n * sum |part|`` of the exact sum (:func:`reduction_tolerance`):
+  the bound allows a rounding per ring hop; the accuracy check holds a kernel to the baseline's own
+  error, which sums in float32 and rounds once.
 * Integer dtypes are exact: the strategies keep values small enough that no
   partial sum can overflow (int8 operands in [-8, 8] summed into int32).
 * A mixed-precision pair (:mod:`conformance.dtypes`: float8 operands with a bfloat16 or float32
@@ -116,6 +120,20 @@ def matmul_tolerance(lhs: np.ndarray, rhs: np.ndarray, dtype: str) -> np.ndarray
     g = gamma(k + 1, dtype)
     underflow = 0.0 if is_exact(dtype) else (k + 1) * (1 + g) * UNDERFLOW_ERROR[dtypes.result(dtype)]
     return g * (np.abs(lhs) @ np.abs(rhs)) + underflow
+
+
+def reduction_tolerance(parts: np.ndarray, dtype: str) -> np.ndarray:
+    """Elementwise bound on ``|computed - exact|`` for ``parts.sum(0)`` (the n partials of a
+    reduce-scatter or all-reduce, stacked on the leading axis) computed in ``dtype`` in any order, each
+    of the n - 1 additions rounded and the result rounded once: Higham's recursive-summation bound
+    ``gamma_n * sum |part|`` (Thm 4.3 with the final rounding), plus one underflow rounding per
+    addition. Exact (0) for integers and for a ring of one, which adds nothing and may only cast."""
+    n = parts.shape[0]
+    if n == 1:
+        return np.zeros(parts.shape[1:])
+    g = gamma(n, dtype)
+    underflow = 0.0 if is_exact(dtype) else n * (1 + g) * UNDERFLOW_ERROR[dtypes.result(dtype)]
+    return g * np.abs(parts).sum(0) + underflow
 
 
 def matmul_vjp_reference(lhs: np.ndarray, rhs: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -69,7 +69,39 @@ def check_output_sharding(case: Case) -> None:
                     f"spec says {slice_text(want, case.out_shape)}",
                 ],
             )
+    _replicas_agree(case, out)
     compare_with_reference(case, "output_sharding", out, inputs64)
+
+
+def _replicas_agree(case: Case, out: jax.Array) -> None:
+    """Every device holding one block of the result (a replicated one: an all-gather's, an all-reduce's)
+    holds the same bits: a replica summed in another order is another result, which the next step of
+    a training run would see diverge. Judged among the shards this process addresses."""
+    holders: dict[str, list] = {}
+    for shard in out.addressable_shards:
+        holders.setdefault(slice_text(shard.index, case.out_shape), []).append(shard)
+    for block, shards in holders.items():
+        first = np.asarray(shards[0].data)
+        bits = first.view(f"u{first.dtype.itemsize}")
+        for other in shards[1:]:
+            theirs = np.asarray(other.data)
+            differ = np.argwhere(bits != theirs.view(f"u{theirs.dtype.itemsize}"))
+            if len(differ):
+                where = tuple(int(i) for i in differ[0])
+                raise fail(
+                    case,
+                    "output_sharding",
+                    "the replicas of one block of the result differ",
+                    [
+                        f"block          : {block}, held by devices {[s.device.id for s in shards]}",
+                        f"first difference: at {list(where)} within the block, device {shards[0].device.id} "
+                        f"holds {first[where]!r}, device {other.device.id} {theirs[where]!r}",
+                        f"differing      : {len(differ)} of {bits.size} elements",
+                        "why            : a replica must be the same bits on every device that holds it; one "
+                        "summed in another order rounds differently (sum each block once, on one device, "
+                        "and copy it)",
+                    ],
+                )
 
 
 def _spec_entries(spec: object, ndim: int) -> tuple:

@@ -91,7 +91,10 @@ def _ring_hint(failing: set, passing: set) -> str:
             "split or step count that assumes a power of two"
         )
     if all(n % 2 for n in failing) and not any(n % 2 for n in passing if n > 1):
-        return "every failing ring longer than one is odd: a split that assumes an even ring"
+        return (
+            "every failing ring longer than one is odd: a split, a step count or an index that assumes "
+            "an even ring"
+        )
     return ""
 
 

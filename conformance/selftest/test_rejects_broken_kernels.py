@@ -33,6 +33,7 @@ from conformance.selftest import (
     broken_mesh_kernels,
     broken_overlap_kernels,
     broken_pallas_kernels,
+    broken_reduction_kernels,
     other_style_kernels,
     suite_command,
 )
@@ -49,6 +50,7 @@ BROKEN = (
     broken_mesh_kernels,
     broken_dtype_kernels,
     broken_batch_kernels,
+    broken_reduction_kernels,
 )
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
@@ -84,6 +86,11 @@ BUILTINS = {
     "xla_matmul_reduce_scatter": STANDARD_TESTS | OVERLAP | AUTODIFF,
     "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
     "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
+    **{
+        name: STANDARD_TESTS | AUTODIFF | (set() if name.startswith("xla_") else ACCURACY)
+        for family in ("reduce_scatter", "all_reduce")
+        for name in (f"xla_{family}", f"ring_{family}_unidirectional", f"ring_{family}_bidirectional")
+    },
 }
 #: The built-ins pass every check of the suite on every mesh in `tox -e cpu` (and `tpu-compile`); here,
 #: on a ring of one, an odd ring, the longest ring, a 2-D mesh in a TPU slice's order, a 3-D mesh and a

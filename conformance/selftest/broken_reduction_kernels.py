@@ -1,0 +1,152 @@
+"""Reduce-scatter and all-reduce kernels broken in one way each, the ways these collectives break.
+
+Each is the built-in ring (or a plain ``shard_map``) with one defect: the check meant for it must
+reject it (``EXPECTED_REJECTION``), naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import conformance
+from conformance.kernels._reduction import validate
+from conformance.kernels._ring import ring_perm, ring_reduce_scatter
+from conformance.kernels.reduce_scatter.ring import gathered_rows
+
+EXPECTED_REJECTION: dict[str, str] = {
+    "broken_rs_rounds_partial_sums_each_hop": "test_accuracy",
+    "broken_rs_block_index_wrong_on_odd_rings": "test_values",
+    "broken_rs_one_half_goes_the_wrong_way": "test_values",
+    "broken_rs_ring_of_one_returns_the_partial_widened": "test_dtype",
+    "broken_ar_each_device_sums_in_its_own_order": "test_output_sharding",
+}
+EXPECTED_MESSAGE: dict[str, str] = {
+    "broken_rs_rounds_partial_sums_each_hop": "clearly less accurate than the baseline",
+    "broken_rs_block_index_wrong_on_odd_rings": "values differ from the numpy float64 reference",
+    "broken_rs_one_half_goes_the_wrong_way": "values differ from the numpy float64 reference",
+    "broken_rs_ring_of_one_returns_the_partial_widened": "dtype",
+    "broken_ar_each_device_sums_in_its_own_order": "the replicas of one block of the result differ",
+}
+
+
+def _reduce_scatter(per_device, x, mesh, axis_name):
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(axis_name, None)
+    )(x)
+
+
+def _wide(dtype: jnp.dtype) -> jnp.dtype:
+    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else dtype
+
+
+@conformance.register("reduce_scatter", name="broken_rs_rounds_partial_sums_each_hop")
+def broken_rs_rounds_partial_sums_each_hop(x, *, mesh, axis_name):
+    """The ring with accumulators in the input dtype: a 16-bit sum is rounded at every hop."""
+    validate("broken_rs_rounds_partial_sums_each_hop", x, mesh, axis_name)
+
+    def per_device(block):
+        partial = block[0]
+        m = partial.shape[0] // lax.axis_size(axis_name)
+
+        def contribution(owner, first, rows):
+            return lax.dynamic_slice_in_dim(partial, owner * m + first, rows)  # not widened
+
+        return ring_reduce_scatter(contribution, m, axis_name, bidirectional=False)
+
+    return _reduce_scatter(per_device, x, mesh, axis_name)
+
+
+@conformance.register("reduce_scatter", name="broken_rs_block_index_wrong_on_odd_rings")
+def broken_rs_block_index_wrong_on_odd_rings(x, *, mesh, axis_name):
+    """A one-way ring with an off-by-one in a branch for odd rings: there each device starts with
+    the accumulator of the block two ahead instead of one, so every sum ends one device early, in
+    its neighbour's slot. Right on rings of 1, 2, 4, 6 and 8."""
+    n = validate("broken_rs_block_index_wrong_on_odd_rings", x, mesh, axis_name)
+
+    def per_device(block):
+        partial = block[0].astype(_wide(block.dtype))
+        m = partial.shape[0] // n
+        me = lax.axis_index(axis_name)
+        # step s adds to block (me + s + start) mod n, which must be (me + s + 1) for the sum of block
+        # d to end on d
+        start = 1 if n % 2 == 0 else 2
+
+        def rows_of(owner):
+            return lax.dynamic_slice_in_dim(partial, owner * m, m)
+
+        acc = rows_of(lax.rem(me + start, n))
+        for step in range(1, n):
+            acc = lax.ppermute(acc, axis_name, ring_perm(n, -1))
+            acc = acc + rows_of(lax.rem(me + step + start, n))
+        return acc.astype(block.dtype)
+
+    return _reduce_scatter(per_device, x, mesh, axis_name)
+
+
+@conformance.register("reduce_scatter", name="broken_rs_one_half_goes_the_wrong_way")
+def broken_rs_one_half_goes_the_wrong_way(x, *, mesh, axis_name):
+    """A bidirectional ring whose bottom half is sent right while its block indices assume it goes
+    left: one device's contribution is added twice to some blocks and another's never (identical on
+    a ring of 2, where left and right are the same neighbour)."""
+    n = validate("broken_rs_one_half_goes_the_wrong_way", x, mesh, axis_name)
+
+    def per_device(block):
+        partial = block[0].astype(_wide(block.dtype))
+        m = partial.shape[0] // n
+        top_rows = (m + 1) // 2
+        me = lax.axis_index(axis_name)
+
+        def rows(owner, first, count):
+            return lax.dynamic_slice_in_dim(partial, owner * m + first, count)
+
+        top = rows(lax.rem(me + 1, n), 0, top_rows)
+        bottom = rows(lax.rem(me + 1, n), top_rows, m - top_rows)  # indexed as the leftward ring
+        for step in range(1, n):
+            top = lax.ppermute(top, axis_name, ring_perm(n, -1)) + rows(
+                lax.rem(me + step + 1, n), 0, top_rows
+            )
+            bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1)) + rows(
+                lax.rem(me + step + 1, n), top_rows, m - top_rows
+            )
+        return jnp.concatenate([top, bottom]).astype(block.dtype)
+
+    return _reduce_scatter(per_device, x, mesh, axis_name)
+
+
+@conformance.register("reduce_scatter", name="broken_rs_ring_of_one_returns_the_partial_widened")
+def broken_rs_ring_of_one_returns_the_partial_widened(x, *, mesh, axis_name):
+    """A shortcut for a ring of one that returns its own partial, widened to the accumulator dtype
+    and never cast back: right values, a float32 result for 16-bit inputs."""
+    n = validate("broken_rs_ring_of_one_returns_the_partial_widened", x, mesh, axis_name)
+    if n == 1:
+        return _reduce_scatter(lambda block: block[0].astype(_wide(block.dtype)), x, mesh, axis_name)
+    return conformance.implementations("reduce_scatter")["ring_reduce_scatter_unidirectional"](
+        x, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register("all_reduce", name="broken_ar_each_device_sums_in_its_own_order")
+def broken_ar_each_device_sums_in_its_own_order(x, *, mesh, axis_name):
+    """An all-reduce that gathers every partial and has each device sum them starting from its own:
+    every replica within the sum's tolerance, and not the same bits on a ring of 3 or more (float
+    addition is not associative; a ring of 2 adds two terms, which commute). Its bytes are a whole
+    partial per peer, over the family's bound on those rings too."""
+    n = validate("broken_ar_each_device_sums_in_its_own_order", x, mesh, axis_name)
+
+    def per_device(block):
+        partial = block[0]
+        everyone = gathered_rows(partial[None], axis_name, bidirectional=False)  # [n, M, cols]
+        me = lax.axis_index(axis_name)
+        total = jnp.zeros(partial.shape, _wide(partial.dtype))
+        for step in range(n):
+            total = total + lax.dynamic_index_in_dim(everyone, lax.rem(me + step, n), keepdims=False).astype(
+                total.dtype
+            )
+        return total.astype(partial.dtype)
+
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(), check_vma=False
+    )(x)

@@ -1,0 +1,70 @@
+"""Family ``reduce_scatter``: sum the devices' partials and scatter the sum by rows (``lax.psum_scatter``).
+
+``fn(x, *, mesh, axis_name)``: ``x[n, M, cols]`` sharded ``P(axis_name, None, None)`` holds each
+device's ``[M, cols]`` partial on the leading mesh axis (:mod:`conformance.specs.reduction` argues the
+form); the result is ``x.sum(0)``, ``[M, cols]``, sharded ``P(axis_name, None)``: device ``d`` ends
+with row block ``d`` of the sum. On a 2-D mesh the other axis is replicated.
+
+One family and not a mode of the all-reduce's: the two differ in what a device ends with (its block,
+or the whole sum), so in the result's sharding, in the bytes a device must receive and in the
+backward pass, each of which the checks read off the spec.
+
+Bytes: each device must receive the n - 1 other partials' contributions to its rows, ``(n-1)/n`` of
+one partial; it may receive that much in the partial sums' dtype (float32 for 16-bit floats, summed
+in float32 and rounded once: what keeps the rounding per hop out), and no more. Data may move by
+collective-permutes (a ring) or XLA's reduce-scatter.
+
+Gradient: every partial adds to every element of the result, so each device's gradient is the whole
+cotangent: ``d_x[d] = ct``. The backward gathers the cotangent's row blocks, ``(n-1)/n`` of it per
+device, by all-gather or collective-permutes: the transpose of a reduce-scatter is an all-gather.
+"""
+
+from __future__ import annotations
+
+from jax.sharding import PartitionSpec as P
+
+from conformance.specs import reduction
+from conformance.specs.base import Dims, FamilySpec, Operand, partial_itemsize
+
+
+def _partial_sums_received(d: Dims, n: int, itemsize: int) -> int:
+    """The cap: the least a reduce-scatter receives, in the partial sums' dtype."""
+    return reduction.scattered_blocks_received(d, n, partial_itemsize(itemsize))
+
+
+REDUCE_SCATTER = FamilySpec(
+    name="reduce_scatter",
+    summary="x[n,M,cols] P(axis) (each device's partial) -> x.sum(0), [M,cols] P(axis)",
+    operands=(Operand("x", lambda a: P(a, None, None), reduction.x_shape),),
+    out_spec=lambda a: P(a, None),
+    out_shape=reduction.block_shape,
+    dims=("rows_per_shard", "cols"),
+    canonical_dims={"rows_per_shard": 3, "cols": 8},
+    dim_values={"rows_per_shard": (1, 2, 3, 5, 8), "cols": (1, 8, 128, 256)},
+    dtypes=("float32", "bfloat16", "float16", "int32"),
+    reference=reduction.reference,
+    tolerance=reduction.tolerance,
+    allowed_collectives=frozenset({"collective-permute", "reduce-scatter"}),
+    max_received_bytes=_partial_sums_received,
+    min_received_bytes=reduction.scattered_blocks_received,
+    bad_inputs=reduction.bad_inputs,
+    byte_bound_text="each device may receive at most (n-1)/n of one partial, in the partial sums' dtype",
+    vjp_reference=reduction.replicated_vjp,
+    vjp_tolerance=reduction.exact_vjp_tolerance,
+    backward_allowed_collectives=frozenset({"all-gather", "collective-permute"}),
+    backward_max_received_bytes=reduction.scattered_blocks_received,
+    backward_byte_bound_text="one gather of the cotangent: (n-1)/n of it per device",
+    accuracy_dtypes=("bfloat16", "float16"),
+    accuracy_dims={"rows_per_shard": 16, "cols": 64},
+    accuracy_baseline_does="widens the partials to float32, reduce-scatters them (lax.psum_scatter) and "
+    "rounds to the input dtype once, after the sum",
+    accuracy_how_to_match="carry the partial sums in float32 between ring steps (2x the bytes of a 16-bit "
+    "sum, which the byte bound allows) and cast once at the end; a reduce-scatter of 16-bit partials, XLA's "
+    "own psum_scatter of the inputs as they are included, rounds at every addition",
+    tpu_native_dims={"rows_per_shard": 32, "cols": 128},
+    block_tags=reduction.block_tags,
+    block_unit="partial",
+)
+
+#: This module's family (:mod:`conformance.specs` collects it).
+SPEC = REDUCE_SCATTER

@@ -1,0 +1,92 @@
+"""What the two reduction families share (:mod:`~conformance.specs.reduce_scatter`,
+:mod:`~conformance.specs.all_reduce`): the operand, the reference, the tolerance, the bad inputs and
+the source tags.
+
+The operand is the per-device partials stacked on a leading mesh axis: ``x[n, M, cols]`` sharded
+``P(axis_name, None, None)``, so device ``d`` holds ``x[d]`` (one ``[1, M, cols]`` block), its whole
+``[M, cols]`` partial, with ``M = n * rows_per_shard``. This is what a kernel meets inside
+``jax.shard_map`` (a full-size addend per device, as after a matmul whose contraction is sharded), and
+the global array says so without a convention: its leading axis is the mesh axis, its sum over that
+axis is the reduction. The reference is that sum in float64, exact for integers; the tolerance
+allows a rounding per addition (:func:`conformance.tolerances.reduction_tolerance`), and the accuracy
+check holds a kernel to the baseline's own error (float32 sums, rounded once).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance import tolerances
+from conformance.specs.base import BadInput, Dims
+
+
+def x_shape(d: Dims, n: int) -> tuple[int, int, int]:
+    """The stacked partials: ``[n, M, cols]``, ``M = n * rows_per_shard``."""
+    return (n, n * d["rows_per_shard"], d["cols"])
+
+
+def block_shape(d: Dims, n: int) -> tuple[int, int]:
+    """One partial, and the reduced result: ``[M, cols]``."""
+    return (n * d["rows_per_shard"], d["cols"])
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    """The sum of the partials (float64)."""
+    return x.sum(axis=-3)
+
+
+def tolerance(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A rounding per addition of the n partials (exact for integers)."""
+    return tolerances.reduction_tolerance(np.moveaxis(x, -3, 0), dtype)
+
+
+def scattered_blocks_received(d: Dims, n: int, itemsize: int) -> int:
+    """The n - 1 contributions to this device's ``rows_per_shard`` rows: the least a reduce-scatter
+    receives."""
+    return (n - 1) * d["rows_per_shard"] * d["cols"] * itemsize
+
+
+def bad_inputs(n: int) -> tuple[BadInput, ...]:
+    """Partials whose rows do not divide by the ring, and an axis the mesh lacks."""
+    rows_bad = 2 * n + 1
+    divisibility = (
+        BadInput(
+            f"partials of {rows_bad} rows, not divisible by the axis size {n}",
+            ((n, rows_bad, 8),),
+            None,
+            (str(rows_bad), str(n)),
+        ),
+    )
+    unknown_axis = (
+        BadInput(
+            "axis_name 'nonexistent_axis' is not a mesh axis",
+            ((n, n, 8),),
+            "nonexistent_axis",
+            ("nonexistent_axis",),
+        ),
+    )
+    # every size is divisible by a ring of one: there the only forbidden input is the unknown axis
+    return (divisibility if n > 1 else ()) + unknown_axis
+
+
+def block_tags(shapes: tuple[tuple[int, ...], ...], n: int, sources: tuple[int, ...]) -> tuple[np.ndarray]:
+    """``x`` zero but the partials of the ring positions ``sources``, each row of which carries the tag
+    of the result's row block it adds to (block ``r``: ``r + 1``): a position whose partial is dropped
+    leaves its blocks short of the tags, one counted twice doubles them."""
+    (shape,) = shapes
+    x = np.zeros(shape)
+    rows = shape[-2] // n
+    tags = (np.arange(shape[-2]) // rows + 1)[:, None]
+    for s in sources:
+        x[..., s, :, :] = tags
+    return (x,)
+
+
+def replicated_vjp(x: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray]:
+    """Every partial adds to every element of the result: each one's gradient is the whole cotangent."""
+    return (np.broadcast_to(ct, x.shape).copy(),)
+
+
+def exact_vjp_tolerance(x: np.ndarray, ct: np.ndarray, dtype: str) -> tuple[np.ndarray]:
+    """The cotangent is copied, never summed: exact."""
+    return (tolerances.data_movement_tolerance(x.shape),)

@@ -1,0 +1,9 @@
+"""Reduce-scatter: ``x[n, M, cols] P(axis)`` (each device's partial) ``-> x.sum(0)``, ``P(axis)``."""
+
+from conformance.kernels.reduce_scatter.ring import (
+    ring_reduce_scatter_bidirectional,
+    ring_reduce_scatter_unidirectional,
+)
+from conformance.kernels.reduce_scatter.xla import xla_reduce_scatter
+
+__all__ = ["ring_reduce_scatter_bidirectional", "ring_reduce_scatter_unidirectional", "xla_reduce_scatter"]

@@ -1,0 +1,109 @@
+"""Reduce-scatter over a ring of ``ppermute`` s, uni- and bidirectional.
+
+Problem. Each of n devices holds an ``[M, cols]`` partial; device ``d`` must end with row block ``d``
+(``m = M/n`` rows) of the sum of all n partials. XLA's ``psum_scatter`` does it in one collective;
+here the sum travels: an accumulator for each row block goes round the ring and every device adds
+its own rows of that block as it passes (:func:`conformance.kernels._ring.ring_reduce_scatter`, the
+schedule the matmul + reduce-scatter rings use, with a slice of the partial for a matmul). After
+n - 1 hops the accumulator of block ``d`` arrives at ``d`` holding every device's contribution.
+Bidirectionally the top ``ceil(m/2)`` rows of each block travel left and the rest right, each half
+the size. Each device sends ``(n-1) m`` rows of accumulator, ``(n-1)/n`` of one partial: the least.
+
+Accuracy. 16-bit floats are summed in float32 accumulators, which travel between hops (2x the bytes
+of a 16-bit sum, within the family's bound) and are rounded once at the end: a ring that rounds its
+partial sums to bfloat16 at each hop is 1.5-2x less accurate than XLA's own float32 reduce-scatter.
+
+Backward. Every partial adds to every element of the result, so each device's gradient is the whole
+cotangent: the gather ring (:func:`conformance.kernels._ring.ring_gather_visit`) brings the n - 1
+row blocks of the cotangent it lacks, ``(n-1)/n`` of it, by collective-permutes.
+
+Limits: one mesh axis (others replicated); unrolled in Python (n is static).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import conformance
+from conformance.kernels._reduction import validate
+from conformance.kernels._ring import accumulator_dtype, ring_gather_visit, ring_reduce_scatter
+from conformance.specs.reduce_scatter import REDUCE_SCATTER
+
+
+def scattered_sum(partial: jax.Array, axis_name: str, *, bidirectional: bool) -> jax.Array:
+    """This device's row block of the sum of every device's ``partial``, in the accumulator dtype."""
+    m = partial.shape[0] // lax.axis_size(axis_name)
+    acc = accumulator_dtype(partial.dtype)
+
+    def contribution(owner: jax.Array, first: int, rows: int) -> jax.Array:
+        return lax.dynamic_slice_in_dim(partial, owner * m + first, rows).astype(acc)
+
+    return ring_reduce_scatter(contribution, m, axis_name, bidirectional=bidirectional)
+
+
+def gathered_rows(block: jax.Array, axis_name: str, *, bidirectional: bool) -> jax.Array:
+    """Every device's row ``block`` in ring order, ``[n * m, ...]``, on every device (bit-exact)."""
+    n = lax.axis_size(axis_name)
+    m = block.shape[0]
+    out = jnp.zeros((n * m, *block.shape[1:]), block.dtype)
+
+    def place(owner: jax.Array, first: int, rows: jax.Array) -> jax.Array:
+        nonlocal out
+        out = lax.dynamic_update_slice_in_dim(out, rows, owner * m + first, 0)
+        return rows
+
+    ring_gather_visit(block, axis_name, place, bidirectional=bidirectional)
+    return out
+
+
+def _per_device(block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax.Array:
+    @jax.custom_vjp
+    def ring(x: jax.Array) -> jax.Array:
+        return scattered_sum(x[0], axis_name, bidirectional=bidirectional).astype(x.dtype)
+
+    def forward(x: jax.Array) -> tuple[jax.Array, None]:
+        return ring(x), None
+
+    def backward(_: None, ct: jax.Array) -> tuple[jax.Array]:
+        return (gathered_rows(ct, axis_name, bidirectional=bidirectional)[None],)
+
+    ring.defvjp(forward, backward)
+    return ring(block)
+
+
+def _shard_mapped(x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, bidirectional: bool) -> jax.Array:
+    return jax.shard_map(
+        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional),
+        mesh=mesh,
+        in_specs=P(axis_name, None, None),
+        out_specs=P(axis_name, None),
+    )(x)
+
+
+@conformance.register(
+    "reduce_scatter",
+    name="ring_reduce_scatter_unidirectional",
+    differentiable=True,
+    dtypes=REDUCE_SCATTER.dtypes,
+    description="float32 accumulators travel one way round the ring, each device adding its rows",
+)
+def ring_reduce_scatter_unidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+    validate("ring_reduce_scatter_unidirectional", x, mesh, axis_name)
+    return _shard_mapped(x, mesh, axis_name, bidirectional=False)
+
+
+@conformance.register(
+    "reduce_scatter",
+    name="ring_reduce_scatter_bidirectional",
+    differentiable=True,
+    dtypes=REDUCE_SCATTER.dtypes,
+    description="the top half of each block's accumulator travels left, the bottom half right",
+)
+def ring_reduce_scatter_bidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+    validate("ring_reduce_scatter_bidirectional", x, mesh, axis_name)
+    return _shard_mapped(x, mesh, axis_name, bidirectional=True)
