@@ -3,9 +3,9 @@
 Problem. Each of n devices holds an ``[M, cols]`` partial; device ``d`` must end with row block ``d``
 (``m = M/n`` rows) of the sum of all n partials. XLA's ``psum_scatter`` does it in one collective;
 here the sum travels: an accumulator for each row block goes round the ring and every device adds
-its own rows of that block as it passes (:func:`conformance.kernels._ring.ring_reduce_scatter`, the
-schedule the matmul + reduce-scatter rings use, with a slice of the partial for a matmul). After
-n - 1 hops the accumulator of block ``d`` arrives at ``d`` holding every device's contribution.
+its own rows of that block as it passes (the schedule of the matmul + reduce-scatter rings,
+:mod:`conformance.kernels._ring`, with a slice of the partial for a matmul). After n - 1 hops the
+accumulator of block ``d`` arrives at ``d`` holding every device's contribution.
 Bidirectionally the top ``ceil(m/2)`` rows of each block travel left and the rest right, each half
 the size. Each device sends ``(n-1) m`` rows of accumulator, ``(n-1)/n`` of one partial: the least.
 
@@ -14,10 +14,11 @@ of a 16-bit sum, within the family's bound) and are rounded once at the end: a r
 partial sums to bfloat16 at each hop is 1.5-2x less accurate than XLA's own float32 reduce-scatter.
 
 Backward. Every partial adds to every element of the result, so each device's gradient is the whole
-cotangent: the gather ring (:func:`conformance.kernels._ring.ring_gather_visit`) brings the n - 1
-row blocks of the cotangent it lacks, ``(n-1)/n`` of it, by collective-permutes.
+cotangent: a gather ring brings the n - 1 row blocks of the cotangent it lacks, ``(n-1)/n`` of it,
+by collective-permutes.
 
-Limits: one mesh axis (others replicated); unrolled in Python (n is static).
+Limits: one mesh axis (others replicated). The steps are a ``fori_loop``, so a ring of 256 compiles
+in the time of a ring of 2; with no matmul to hide the transfers behind there is no schedule to pace.
 """
 
 from __future__ import annotations
@@ -31,33 +32,59 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance.kernels._reduction import validate
-from conformance.kernels._ring import accumulator_dtype, ring_gather_visit, ring_reduce_scatter
+from conformance.kernels._ring import accumulator_dtype, halves, ring_perm
 from conformance.specs.reduce_scatter import REDUCE_SCATTER
 
 
 def scattered_sum(partial: jax.Array, axis_name: str, *, bidirectional: bool) -> jax.Array:
-    """This device's row block of the sum of every device's ``partial``, in the accumulator dtype."""
-    m = partial.shape[0] // lax.axis_size(axis_name)
+    """This device's row block of the sum of every device's ``partial``, in the accumulator dtype.
+
+    At step s the leftward accumulator on device d is that of block ``d + s + 1`` and the rightward
+    one that of block ``d - s - 1``; each receives its neighbour's and adds this device's rows of it.
+    After n - 1 steps both are block d's, whole."""
+    n = lax.axis_size(axis_name)
+    me = lax.axis_index(axis_name)
+    m = partial.shape[0] // n
+    top_rows, bottom_rows = halves(m, bidirectional=bidirectional)
     acc = accumulator_dtype(partial.dtype)
 
-    def contribution(owner: jax.Array, first: int, rows: int) -> jax.Array:
-        return lax.dynamic_slice_in_dim(partial, owner * m + first, rows).astype(acc)
+    def rows(owner: jax.Array, first: int, count: int) -> jax.Array:
+        return lax.dynamic_slice_in_dim(partial, owner * m + first, count).astype(acc)
 
-    return ring_reduce_scatter(contribution, m, axis_name, bidirectional=bidirectional)
+    def step(s: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        top, bottom = carry
+        top = lax.ppermute(top, axis_name, ring_perm(n, -1)) + rows(lax.rem(me + s + 1, n), 0, top_rows)
+        if bottom_rows:
+            owner = lax.rem(me - s - 1 + 2 * n, n)
+            bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1)) + rows(owner, top_rows, bottom_rows)
+        return top, bottom
+
+    first = (rows(lax.rem(me + 1, n), 0, top_rows), rows(lax.rem(me - 1 + n, n), top_rows, bottom_rows))
+    top, bottom = lax.fori_loop(1, n, step, first)
+    return jnp.concatenate([top, bottom]) if bottom_rows else top
 
 
 def gathered_rows(block: jax.Array, axis_name: str, *, bidirectional: bool) -> jax.Array:
-    """Every device's row ``block`` in ring order, ``[n * m, ...]``, on every device (bit-exact)."""
+    """Every device's row ``block`` in ring order, ``[n * m, ...]``, on every device (bit-exact): at
+    step s the top rows of block ``d + s`` arrive from the right and the bottom rows of ``d - s``
+    from the left."""
     n = lax.axis_size(axis_name)
+    me = lax.axis_index(axis_name)
     m = block.shape[0]
-    out = jnp.zeros((n * m, *block.shape[1:]), block.dtype)
+    top_rows, bottom_rows = halves(m, bidirectional=bidirectional)
+    out = lax.full_like(block, 0, shape=(n * m, *block.shape[1:]))  # varying over the axis, as block
+    out = lax.dynamic_update_slice_in_dim(out, block, me * m, 0)
 
-    def place(owner: jax.Array, first: int, rows: jax.Array) -> jax.Array:
-        nonlocal out
-        out = lax.dynamic_update_slice_in_dim(out, rows, owner * m + first, 0)
-        return rows
+    def step(s: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        out, top, bottom = carry
+        top = lax.ppermute(top, axis_name, ring_perm(n, -1))
+        out = lax.dynamic_update_slice_in_dim(out, top, lax.rem(me + s, n) * m, 0)
+        if bottom_rows:
+            bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1))
+            out = lax.dynamic_update_slice_in_dim(out, bottom, lax.rem(me - s + n, n) * m + top_rows, 0)
+        return out, top, bottom
 
-    ring_gather_visit(block, axis_name, place, bidirectional=bidirectional)
+    out, _, _ = lax.fori_loop(1, n, step, (out, block[:top_rows], block[top_rows:]))
     return out
 
 
