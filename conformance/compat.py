@@ -17,7 +17,7 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -480,6 +480,19 @@ def mlir_isa(kind: Any, thing: Any) -> bool:
     """
     static = getattr(kind, "isinstance", None)
     return static(thing) if static is not None else isinstance(thing, kind)
+
+
+def environment_defaults(values: dict[str, str]) -> Callable[[], None]:
+    """Set each of ``values`` in ``os.environ`` where it is unset (this process and those it starts);
+    returns the closure that removes what it set."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+
+    def undo() -> None:
+        for key in added:
+            os.environ.pop(key, None)
+
+    return undo
 
 
 def tpu_chips_here() -> int:

@@ -56,6 +56,24 @@ def _cuda_plugin_installed() -> bool:
 
 
 @contextlib.contextmanager
+def stderr_captured(into: list[str]) -> Iterator[None]:
+    """What is written to file descriptor 2 inside the block (native code's logs, which no Python
+    stream sees), appended to ``into`` on leaving it instead of printed."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            into.append(sink.read().decode(errors="replace"))
+
+
+@contextlib.contextmanager
 def filtered() -> Iterator[None]:
     """Inside the block, what is written to file descriptor 2 is held and written back on leaving it
     without :data:`NOISE`. Only where the CUDA plugin is installed on a host with no NVIDIA driver:
@@ -63,18 +81,12 @@ def filtered() -> Iterator[None]:
     if not _cuda_plugin_installed() or os.path.exists("/proc/driver/nvidia/version"):
         yield
         return
-    sys.stderr.flush()
-    with tempfile.TemporaryFile(mode="w+b") as held:
-        saved = os.dup(2)
-        os.dup2(held.fileno(), 2)
-        try:
+    held: list[str] = []
+    try:
+        with stderr_captured(held):
             yield
-        finally:
+    finally:
+        text = without_noise("".join(held))
+        if text:
+            sys.stderr.write(text)
             sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            text = without_noise(held.read().decode(errors="replace"))
-            if text:
-                sys.stderr.write(text)
-                sys.stderr.flush()

@@ -24,7 +24,6 @@ the GPU compile tier skip, naming the install command.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import glob
@@ -32,14 +31,14 @@ import importlib.metadata
 import os
 import re
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from conformance import compat, native_logs
 from conformance.fixtures.meshes import MeshConfig, mesh_over
 from conformance.targets import compilation_cache, target_compiles
 from conformance.targets.tpu_compiler import CompilerRefusal, first_lines
@@ -127,14 +126,7 @@ def deviceless_start() -> Callable[[], None]:
     libraries is worth its words). Returns the closure that undoes it."""
     if plugin_version() is None or nvidia_gpus_here():
         return lambda: None
-    added = {k: v for k, v in DEVICELESS_START.items() if k not in os.environ}
-    os.environ.update(added)
-
-    def undo() -> None:
-        for key in added:
-            os.environ.pop(key, None)
-
-    return undo
+    return compat.environment_defaults(DEVICELESS_START)
 
 
 def configure_from_environment() -> None:
@@ -236,7 +228,7 @@ def readable_target_config(text: str, shape: str) -> tuple[str, tuple[str, ...]]
     lines, dropped = text.splitlines(), []
     for _ in range(64):
         said: list[str] = []
-        with _stderr_captured(said):
+        with native_logs.stderr_captured(said):
             try:
                 topologies.get_topology_desc(platform="cuda", topology=shape, target_config="\n".join(lines))
                 return "\n".join(lines), tuple(dropped)
@@ -257,22 +249,6 @@ def readable_target_config(text: str, shape: str) -> tuple[str, tuple[str, ...]]
         del lines[start : end + 1]
         dropped.append(f"{found.group(2).rsplit('.', 1)[-1]}.{found.group(3)}")
     raise RuntimeError(f"the CUDA plugin rejects more than 64 fields of the target config: {dropped}")
-
-
-@contextlib.contextmanager
-def _stderr_captured(into: list[str]) -> Iterator[None]:
-    """What native code writes to file descriptor 2 inside the block (protobuf's parse errors),
-    appended to ``into`` on leaving it."""
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            into.append(sink.read().decode(errors="replace"))
 
 
 def mesh_on(config: MeshConfig, topology: str | None = None) -> jax.sharding.Mesh:

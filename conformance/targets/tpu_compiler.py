@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import importlib.metadata
 import math
-import os
 import re
 import sys
 from collections.abc import Callable
@@ -72,14 +71,7 @@ def chipless_start() -> Callable[[], None]:
     process and those it starts); a TPU VM is left as it is. Returns the closure that undoes it."""
     if compat.tpu_chips_here():
         return lambda: None
-    added = {k: v for k, v in CHIPLESS_START.items() if k not in os.environ}
-    os.environ.update(added)
-
-    def undo() -> None:
-        for key in added:
-            os.environ.pop(key, None)
-
-    return undo
+    return compat.environment_defaults(CHIPLESS_START)
 
 
 def libtpu_version() -> str | None:
