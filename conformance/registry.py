@@ -77,6 +77,9 @@ class Implementation:
     #: schedule leaves its transfers exposed, the schedule checks compile both to measure on that
     #: compiler, at that topology and size, what pacing does.
     unpaced: Callable[..., Any] | None = None
+    #: It sends half of each block each way round the ring (both directions of every link at once):
+    #: the direction-balance check holds its compiled module's bytes per ring direction to the halves.
+    bidirectional: bool = False
     #: Free-form notes shown in reports (e.g. "bidirectional ring").
     description: str = ""
     #: A Pallas TPU kernel: accepts ``interpret=`` (the suite passes
@@ -191,6 +194,7 @@ def register(
     compilers_own: bool = False,
     ahead_of_compiler: bool = False,
     unpaced: Callable[..., Any] | None = None,
+    bidirectional: bool = False,
     description: str = "",
     pallas: bool = False,
     lowering_targets: tuple[str, ...] | None = None,
@@ -211,6 +215,9 @@ def register(
     in the compiled schedules: there, being behind fails (``--behind-compiler=fail`` does so for all).
     ``unpaced`` is the same kernel with its ring's pacing taken out (same calling convention): a
     paced ring gives it so that a failing schedule verdict can say, measured, what pacing does.
+    ``bidirectional=True`` declares a ring that sends half of each block each way: its bytes per ring
+    direction are held to the halves in the compiled module (split a third one way and two thirds the
+    other, a ring passes every other check and takes a third longer on a link).
 
     ``pallas=True`` declares a Pallas TPU kernel taking an ``interpret`` keyword;
     its default ``lowering_targets`` is ``("tpu",)``, otherwise ``("tpu", "cuda")``.
@@ -278,6 +285,7 @@ def register(
             compilers_own=compilers_own,
             ahead_of_compiler=ahead_of_compiler,
             unpaced=unpaced,
+            bidirectional=bool(bidirectional),
             description=description,
             pallas=pallas,
             lowering_targets=tuple(lowering_targets),

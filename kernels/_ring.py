@@ -112,14 +112,25 @@ def unmerged(shared: jax.Array, *, beside: jax.Array) -> jax.Array:
 
 
 def ring_gather_visit(
-    block: jax.Array, axis_name: str, visit: Visit, *, bidirectional: bool, paced: bool = True
+    block: jax.Array,
+    axis_name: str,
+    visit: Visit,
+    *,
+    bidirectional: bool,
+    paced: bool = True,
+    top_rows: int | None = None,
 ) -> None:
     """Circulate every device's row block round the ring, calling ``visit`` on each piece.
     ``paced=False`` takes the pacing out (each transfer then depends only on the one before it): the
-    ring the schedule checks compile beside a kernel whose transfers are exposed."""
+    ring the schedule checks compile beside a kernel whose transfers are exposed. ``top_rows``: the
+    rows that travel left in a bidirectional ring where not the halves (a split on a TPU tile edge)."""
     n = lax.axis_size(axis_name)
     me = lax.axis_index(axis_name)
-    top_rows, bottom_rows = halves(block.shape[0], bidirectional=bidirectional)
+    top_rows, bottom_rows = (
+        halves(block.shape[0], bidirectional=bidirectional)
+        if top_rows is None
+        else (top_rows, block.shape[0] - top_rows)
+    )
     top, bottom = block[:top_rows], block[top_rows:]
     visited = None  # what the previous step's visits computed
     for step in range(n):

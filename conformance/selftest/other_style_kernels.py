@@ -70,6 +70,13 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_bad_inputs",
         "test_lowered_bytes",
     },
+    # Bidirectional with the block cut by columns, not rows, in a lax.scan: the direction-balance
+    # check must read its two rings' transfers (one loop, both directions) as the halves they are.
+    "correct_reduce_scatter_bidirectional_by_columns": {
+        "test_direction_balance",
+        "test_values",
+        "test_collectives",
+    },
 }
 #: A skip with this text is the host's limit, not the kernel's failure.
 HOST_LIMIT = "this host cannot lower this kernel for TPU"
@@ -277,3 +284,38 @@ def correct_batched_allgather_matmul(lhs, rhs, *, mesh, axis_name):
         in_specs=(P(None, axis_name, None), P(None, axis_name)),
         out_specs=P(None, None, axis_name),
     )(lhs, rhs)
+
+
+@conformance.register(
+    "reduce_scatter",
+    name="correct_reduce_scatter_bidirectional_by_columns",
+    bidirectional=True,
+    description="a lax.scan ring: the left columns of each block's float32 sum travel left, the rest right",
+)
+def correct_reduce_scatter_bidirectional_by_columns(x, *, mesh, axis_name):
+    n = mesh.shape[axis_name]
+    if x.shape[1] % n:
+        raise ValueError(
+            f"{x.shape[1]} rows of each partial do not divide among {n} devices of {axis_name!r}"
+        )
+
+    def body(block):
+        partial = block[0].astype(jnp.float32 if jnp.issubdtype(block.dtype, jnp.floating) else block.dtype)
+        m, me, half = partial.shape[0] // n, lax.axis_index(axis_name), -(-partial.shape[1] // 2)
+
+        def rows(owner):
+            return lax.dynamic_slice_in_dim(partial, owner * m, m)
+
+        def step(carry, s):  # the left sum is block me + s + 1's, the right block me - s - 1's
+            left, right = carry
+            left = lax.ppermute(left, axis_name, [(j, (j - 1) % n) for j in range(n)])
+            right = lax.ppermute(right, axis_name, [(j, (j + 1) % n) for j in range(n)])
+            left = left + rows((me + s + 1) % n)[:, :half]
+            right = right + rows((me - s - 1 + 2 * n) % n)[:, half:]
+            return (left, right), None
+
+        first = (rows((me + 1) % n)[:, :half], rows((me - 1 + n) % n)[:, half:])
+        (left, right), _ = lax.scan(step, first, jnp.arange(1, n))
+        return jnp.concatenate([left, right], axis=1).astype(block.dtype)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(axis_name, None))(x)

@@ -27,6 +27,7 @@ from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
 from conformance.jobs.distributed import PALLAS_INTERPRET
 from conformance.selftest import (
     broken_batch_kernels,
+    broken_direction_kernels,
     broken_dtype_kernels,
     broken_kernels,
     broken_matmul_reduce_scatter_kernels,
@@ -51,6 +52,7 @@ BROKEN = (
     broken_dtype_kernels,
     broken_batch_kernels,
     broken_reduction_kernels,
+    broken_direction_kernels,
 )
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
@@ -75,19 +77,23 @@ PALLAS = {"test_races", "test_barrier_protocol", "test_tpu_layout", "test_tpu_na
 AUTODIFF = {"test_gradients", "test_backward_collectives"}
 ACCURACY = {"test_accuracy", "test_backward_accuracy"}
 OVERLAP = {"test_overlap"}
+BALANCE = {"test_direction_balance"}
 #: built-in -> the tests it must have run (and passed)
 BUILTINS = {
     "xla_allgather_matmul": STANDARD_TESTS | OVERLAP | AUTODIFF,
     "ring_allgather_matmul_unidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
-    "ring_allgather_matmul_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
+    "ring_allgather_matmul_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY | BALANCE,
     "xla_all_gather": STANDARD_TESTS | AUTODIFF,
     "pallas_ring_all_gather_unidirectional": STANDARD_TESTS | PALLAS | AUTODIFF,
     "pallas_ring_all_gather_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF,
     "xla_matmul_reduce_scatter": STANDARD_TESTS | OVERLAP | AUTODIFF,
     "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
-    "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
+    "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY | BALANCE,
     **{
-        name: STANDARD_TESTS | AUTODIFF | (set() if name.startswith("xla_") else ACCURACY)
+        name: STANDARD_TESTS
+        | AUTODIFF
+        | (set() if name.startswith("xla_") else ACCURACY)
+        | (BALANCE if name.endswith("_bidirectional") else set())
         for family in ("reduce_scatter", "all_reduce")
         for name in (f"xla_{family}", f"ring_{family}_unidirectional", f"ring_{family}_bidirectional")
     },

@@ -372,6 +372,7 @@ def _own_rows_of_cotangent(ct: jax.Array, *, mesh: jax.sharding.Mesh, axis_name:
 @conformance.register(
     "all_gather",
     name="pallas_ring_all_gather_bidirectional",
+    bidirectional=True,
     pallas=True,
     differentiable=True,
     description="Pallas remote-DMA ring, half of each shard each way, two steps in flight per link",

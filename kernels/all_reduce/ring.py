@@ -77,6 +77,7 @@ def ring_all_reduce_unidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh, axi
 @conformance.register(
     "all_reduce",
     name="ring_all_reduce_bidirectional",
+    bidirectional=True,
     differentiable=True,
     dtypes=ALL_REDUCE.dtypes,
     description="both rings with half of each block going each way",

@@ -170,6 +170,7 @@ def ring_allgather_matmul_unidirectional(
 @conformance.register(
     "allgather_matmul",
     name="ring_allgather_matmul_bidirectional",
+    bidirectional=True,
     differentiable=True,
     unpaced=_unpaced(bidirectional=True),
     dtypes=DTYPES,

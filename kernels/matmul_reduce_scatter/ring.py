@@ -151,6 +151,7 @@ def ring_matmul_reduce_scatter_unidirectional(
 @conformance.register(
     "matmul_reduce_scatter",
     name="ring_matmul_reduce_scatter_bidirectional",
+    bidirectional=True,
     differentiable=True,
     unpaced=_unpaced(bidirectional=True),
     dtypes=DTYPES,

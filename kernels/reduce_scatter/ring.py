@@ -127,6 +127,7 @@ def ring_reduce_scatter_unidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh,
 @conformance.register(
     "reduce_scatter",
     name="ring_reduce_scatter_bidirectional",
+    bidirectional=True,
     differentiable=True,
     dtypes=REDUCE_SCATTER.dtypes,
     description="the top half of each block's accumulator travels left, the bottom half right",
