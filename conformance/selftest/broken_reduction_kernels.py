@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 import conformance
 from conformance.kernels._reduction import validate
 from conformance.kernels._ring import ring_perm, ring_reduce_scatter
+from conformance.kernels.reduce_scatter import pallas_ring
 from conformance.kernels.reduce_scatter.ring import gathered_rows
 
 EXPECTED_REJECTION: dict[str, str] = {
@@ -22,6 +23,8 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_rs_one_half_goes_the_wrong_way": "test_values",
     "broken_rs_ring_of_one_returns_the_partial_widened": "test_dtype",
     "broken_ar_each_device_sums_in_its_own_order": "test_output_sharding",
+    "broken_pallas_rs_dma_before_the_barrier": "test_barrier_protocol",
+    "broken_pallas_rs_leaves_a_send_unwaited": "test_races",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_rs_rounds_partial_sums_each_hop": "clearly less accurate than the baseline",
@@ -29,6 +32,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_rs_one_half_goes_the_wrong_way": "values differ from the numpy float64 reference",
     "broken_rs_ring_of_one_returns_the_partial_widened": "dtype",
     "broken_ar_each_device_sums_in_its_own_order": "the replicas of one block of the result differ",
+    "broken_pallas_rs_dma_before_the_barrier": "barrier",
+    "broken_pallas_rs_leaves_a_send_unwaited": "a semaphore has a nonzero count at kernel exit",
 }
 
 
@@ -150,3 +155,34 @@ def broken_ar_each_device_sums_in_its_own_order(x, *, mesh, axis_name):
     return jax.shard_map(
         per_device, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(), check_vma=False
     )(x)
+
+
+def _pallas_ring_without(name: str, **protocol: bool):
+    """The built-in Pallas reduce-scatter ring (bidirectional) with one guard of its protocol taken out."""
+
+    @conformance.register("reduce_scatter", name=name, pallas=True)
+    def kernel(x, *, mesh, axis_name, interpret=False):
+        return pallas_ring.reduce_scatter(
+            x,
+            mesh=mesh,
+            axis_name=axis_name,
+            interpret=interpret,
+            bidirectional=True,
+            name=name,
+            protocol=pallas_ring.Protocol(**protocol),
+        )
+
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
+
+
+#: No barrier of its own, while taking the barrier semaphore's collective_id: a remote DMA may reach a
+#: device that has not entered the kernel (never in interpret mode, which starts every device together).
+broken_pallas_rs_dma_before_the_barrier = _pallas_ring_without(
+    "broken_pallas_rs_dma_before_the_barrier", barrier=False
+)
+#: Only the last send waited: the one before it is left signalled, and may still read its buffer as
+#: the kernel returns.
+broken_pallas_rs_leaves_a_send_unwaited = _pallas_ring_without(
+    "broken_pallas_rs_leaves_a_send_unwaited", drain_every_send=False
+)

@@ -94,19 +94,9 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
+from conformance.kernels._pallas import neighbour
 from conformance.kernels.all_gather._common import validate
 from conformance.targets import mosaic, tpu_compiler
-
-
-def _neighbour(mesh_axes: tuple[str, ...], axis_name: str, index: jax.Array) -> tuple[jax.Array, ...]:
-    """Mesh coordinates of the device at ``index`` along ``axis_name``, same elsewhere.
-
-    Remote DMAs and signals address devices by these coordinates: mesh
-    addressing, the default of every supported JAX (``device_id_type=`` is
-    deprecated from JAX 0.12, so the kernels never pass it).
-    """
-    return tuple(index if a == axis_name else lax.axis_index(a) for a in mesh_axes)
-
 
 #: Ring steps a link may have in flight: the receive and send semaphores of a direction are reused
 #: every ``IN_FLIGHT`` steps, so the kernel's semaphores do not grow with the ring.
@@ -139,8 +129,8 @@ def _ring_kernel(
     def ring(index: jax.Array) -> jax.Array:
         return lax.rem(index, jnp.int32(n))
 
-    right = _neighbour(mesh_axes, axis_name, ring(me + 1))
-    left = _neighbour(mesh_axes, axis_name, ring(me + n - 1))
+    right = neighbour(mesh_axes, axis_name, ring(me + 1))
+    left = neighbour(mesh_axes, axis_name, ring(me + n - 1))
 
     with jax.named_scope("own_shard"):
         own = pltpu.make_async_copy(x_ref, o_ref.at[me], copy_sem)

@@ -1,9 +1,19 @@
 """Reduce-scatter: ``x[n, M, cols] P(axis)`` (each device's partial) ``-> x.sum(0)``, ``P(axis)``."""
 
+from conformance.kernels.reduce_scatter.pallas_ring import (
+    pallas_ring_reduce_scatter_bidirectional,
+    pallas_ring_reduce_scatter_unidirectional,
+)
 from conformance.kernels.reduce_scatter.ring import (
     ring_reduce_scatter_bidirectional,
     ring_reduce_scatter_unidirectional,
 )
 from conformance.kernels.reduce_scatter.xla import xla_reduce_scatter
 
-__all__ = ["ring_reduce_scatter_bidirectional", "ring_reduce_scatter_unidirectional", "xla_reduce_scatter"]
+__all__ = [
+    "pallas_ring_reduce_scatter_bidirectional",
+    "pallas_ring_reduce_scatter_unidirectional",
+    "ring_reduce_scatter_bidirectional",
+    "ring_reduce_scatter_unidirectional",
+    "xla_reduce_scatter",
+]

@@ -1,0 +1,284 @@
+"""Reduce-scatter as a Pallas TPU kernel: accumulators round the ring by remote DMA, added in VMEM.
+
+Algorithm. Each of n devices holds an ``[M, cols]`` partial, seen by the kernel as ``[n, m, cols]``
+(block ``j`` is rows ``j m`` to ``(j + 1) m``, the rows device ``j`` ends with). One way round the ring
+(the unidirectional kernel, JAX's Pallas TPU tutorial's reduce-scatter in one direction) device ``d``
+starts with its own contribution to block ``d + 1`` and, for n - 1 steps, sends its accumulator to
+``d - 1`` while receiving ``d + 1``'s, which holds the block one further on; it adds its own rows of that
+block. After n - 1 hops what arrives is block ``d``'s sum less its own part, which it adds last. The
+bidirectional kernel cuts every block in two (top ``ceil(m/2)`` rows, the rest) and runs the top rows
+that way and the bottom rows the other (block ``d - 1`` first), two rings at once, each half the bytes.
+Accumulators are float32 for 16-bit floats (int32 for int32), added in VMEM and rounded once: the
+partial sums that travel are never rounded between hops.
+
+Buffers and synchronisation, per direction:
+
+1. *Two send and two receive buffers* (``[2, rows, cols]`` in VMEM), used alternately: the DMA of step
+   ``s`` reads ``send[s % 2]`` and writes the downstream device's ``recv[s % 2]``; the new accumulator
+   of step ``s`` goes to ``send[(s + 1) % 2]``, written only once the DMA that last read it (step
+   ``s - 1``) has left this device.
+2. *A barrier before the first remote DMA*: each device signals both neighbours' barrier semaphore and
+   waits for two signals, so no DMA or signal reaches a device that has not entered the kernel.
+3. *A credit before a receive buffer is written again*: the DMA of step ``s + 2`` writes the buffer
+   step ``s`` filled, so after adding it the receiver signals a credit (a regular semaphore) on its
+   sender, which waits for one before each step from the third on. The receive semaphores are then
+   signalled only by the DMA they wait for (a DMA semaphore's wait is a byte count: with one shared
+   semaphore a neighbour one step ahead could satisfy it with the next step's bytes).
+4. *Every DMA waited, every credit consumed* before the kernel returns: no transfer is in flight into or
+   out of a buffer after it, no semaphore keeps a count.
+
+A ring of one runs no kernel (the partial is the sum); it still goes through the ``shard_map``, so the
+result is typed as sharded, as on every ring.
+
+Gradient. Every partial adds to every element of the result, so each device's gradient is the whole
+cotangent: a ``custom_vjp`` around the ``shard_map`` gathers the cotangent's row blocks with the
+``ppermute`` ring of :mod:`conformance.kernels.reduce_scatter.ring` (collective-permutes only).
+
+Limits. One mesh axis (other axes replicated and addressed by their coordinates). The partial, the
+result and four accumulator buffers per direction live in VMEM: ``M cols`` input elements plus
+``(m + 4 m) cols`` (accumulator-width) per direction must fit the core's VMEM (16 MiB on v5e by
+default), so this kernel is for partials of a few MiB; a larger one would pipeline blocks through VMEM
+from HBM (the tutorial's ``emit_pipeline`` form). The steps are unrolled (n static). Mosaic takes no
+float16 kernel arguments, so compiled for a TPU float16 partials enter the kernel widened to float32
+(the accumulators' type anyway) and the sum is rounded to float16 after it; interpret mode, which has
+no such limit, takes them as they are (half the memory it allocates per simulated device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
+
+import conformance
+from conformance.kernels._pallas import neighbour
+from conformance.kernels._reduction import validate
+from conformance.kernels._ring import accumulator_dtype, halves
+from conformance.kernels.reduce_scatter.ring import gathered_rows
+from conformance.specs.reduce_scatter import REDUCE_SCATTER
+
+#: Steps a link may have in flight: each direction's buffers and semaphores are reused every 2 steps.
+IN_FLIGHT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """Guards of the kernel's synchronisation (module docstring, points 2 and 4) that the self-tests
+    take out, one each, to watch the check meant for it fail."""
+
+    #: The barrier before the first remote DMA.
+    barrier: bool = True
+    #: Every send waited before the kernel returns (else only the last).
+    drain_every_send: bool = True
+
+
+SAFE = Protocol()
+
+
+def _ring_kernel(
+    *refs: Any, axis_name: str, mesh_axes: tuple[str, ...], directions: int, protocol: Protocol = SAFE
+) -> None:
+    """``directions`` rings (1: leftwards; 2: top rows leftwards, bottom rows rightwards). ``refs``:
+    the inputs ``x[n, rows, cols]`` of each direction, its outputs ``[rows, cols]``, then per direction
+    send and receive buffers, send and receive DMA semaphores and a credit semaphore."""
+    inputs, outputs = refs[:directions], refs[directions : 2 * directions]
+    scratch = refs[2 * directions :]
+    n = lax.axis_size(axis_name)
+    me = lax.axis_index(axis_name)
+
+    def ring(index: Any) -> jax.Array:
+        return lax.rem(index, jnp.int32(n))
+
+    left = neighbour(mesh_axes, axis_name, ring(me + n - 1))
+    right = neighbour(mesh_axes, axis_name, ring(me + 1))
+    rings = []
+    for k in range(directions):
+        send, recv, send_sems, recv_sems, credit = scratch[5 * k : 5 * k + 5]
+        # leftwards: block me + s + 1 at step s, sent to the left, received from the right
+        hop = 1 if k == 0 else -1
+        downstream, upstream = (left, right) if k == 0 else (right, left)
+        rings.append(
+            (inputs[k], outputs[k], send, recv, send_sems, recv_sems, credit, hop, downstream, upstream)
+        )
+
+    def block(hop: int, step: int) -> jax.Array:
+        """The block whose accumulator this device holds after step ``step - 1`` (``step`` 0: its first)."""
+        return ring(me + hop * (step + 1) + n * (step + 1))
+
+    with jax.named_scope("first_contribution"):
+        for x_ref, _, send, _, _, _, _, hop, _, _ in rings:
+            send[jnp.int32(0)] = x_ref[block(hop, 0)].astype(send.dtype)
+
+    if protocol.barrier:
+        with jax.named_scope("barrier"):
+            barrier = pltpu.get_barrier_semaphore()
+            for peer in (left, right):
+                pl.semaphore_signal(barrier, 1, device_id=peer)
+            pl.semaphore_wait(barrier, 2)
+
+    steps = n - 1
+    sent: list[list[Any]] = []
+    for step in range(steps):
+        slot = jnp.int32(step % IN_FLIGHT)
+        with jax.named_scope(f"ring_step_{step}_send"):
+            now = []
+            for _, _, send, recv, send_sems, recv_sems, credit, _, downstream, _ in rings:
+                if step >= IN_FLIGHT:  # the downstream device has added what it received in this slot
+                    pl.semaphore_wait(credit, 1)
+                dma = pltpu.make_async_remote_copy(
+                    send.at[slot], recv.at[slot], send_sems.at[slot], recv_sems.at[slot], device_id=downstream
+                )
+                dma.start()
+                now.append(dma)
+            sent.append(now)
+        with jax.named_scope(f"ring_step_{step}_add"):
+            for k, (x_ref, o_ref, send, recv, _, _, credit, hop, _, upstream) in enumerate(rings):
+                sent[step][k].wait_recv()
+                total = recv[slot] + x_ref[block(hop, step + 1)].astype(recv.dtype)
+                if step + IN_FLIGHT < steps:  # the upstream device will write this slot again
+                    pl.semaphore_signal(credit, 1, device_id=upstream)
+                if step == steps - 1:
+                    o_ref[...] = total.astype(o_ref.dtype)
+                else:
+                    if step >= 1:  # the DMA of step - 1 read the buffer written next
+                        sent[step - 1][k].wait_send()
+                    send[jnp.int32((step + 1) % IN_FLIGHT)] = total
+
+    with jax.named_scope("drain"):  # the last step's send, and the one before it (no buffer followed it)
+        for k in range(directions):
+            for step in range(max(0, steps - (IN_FLIGHT if protocol.drain_every_send else 1)), steps):
+                sent[step][k].wait_send()
+
+
+#: Element types Mosaic takes no kernel arguments of (libtpu 0.0.17 to 0.0.50 refuse float16 at every
+#: shape): the kernel takes such partials widened to float32, and its result is rounded outside it.
+WIDENED_OUTSIDE = (jnp.dtype(jnp.float16),)
+
+
+def reduce_scatter(
+    x: jax.Array,
+    *,
+    mesh: jax.sharding.Mesh,
+    axis_name: str,
+    interpret: Any,
+    bidirectional: bool,
+    name: str,
+    protocol: Protocol = SAFE,
+) -> jax.Array:
+    """The ring reduce-scatter of the partials ``x[n, M, cols]`` (``protocol``: the self-tests' knob)."""
+    n = validate(name, x, mesh, axis_name)
+    m = x.shape[1] // n
+    top, bottom = halves(m, bidirectional=bidirectional)
+    cuts = [rows for rows in (top, bottom) if rows]
+    acc = accumulator_dtype(x.dtype)
+    kernel = functools.partial(
+        _ring_kernel,
+        axis_name=axis_name,
+        mesh_axes=tuple(mesh.axis_names),
+        directions=len(cuts),
+        protocol=protocol,
+    )
+    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+
+    def per_device(block: jax.Array) -> jax.Array:
+        partial = block[0].reshape(n, m, block.shape[-1])
+        if partial.dtype in WIDENED_OUTSIDE and not interpret:
+            partial = partial.astype(jnp.float32)
+        if n == 1:  # the partial is the sum: nothing to move, no kernel to run
+            return partial[0].astype(block.dtype)
+        cols = partial.shape[-1]
+        parts = [partial[:, :top], partial[:, top:]][: len(cuts)]
+        scratch = []
+        for rows in cuts:
+            scratch += [
+                pltpu.VMEM((IN_FLIGHT, rows, cols), acc),  # accumulators sent
+                pltpu.VMEM((IN_FLIGHT, rows, cols), acc),  # accumulators received
+                pltpu.SemaphoreType.DMA((IN_FLIGHT,)),  # sent
+                pltpu.SemaphoreType.DMA((IN_FLIGHT,)),  # received
+                pltpu.SemaphoreType.REGULAR,  # credits from the downstream device
+            ]
+        summed = pl.pallas_call(
+            kernel,
+            out_shape=[jax.ShapeDtypeStruct((rows, cols), partial.dtype) for rows in cuts],
+            in_specs=[vmem] * len(cuts),
+            out_specs=[vmem] * len(cuts),
+            scratch_shapes=scratch,
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+            interpret=interpret,
+        )(*parts)
+        return (jnp.concatenate(summed) if len(summed) > 1 else summed[0]).astype(block.dtype)
+
+    scatter = jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=P(axis_name, None, None),
+        out_specs=P(axis_name, None),
+        check_vma=False,
+    )
+
+    @jax.custom_vjp
+    def scattered(x: jax.Array) -> jax.Array:
+        return scatter(x)
+
+    def scattered_fwd(x: jax.Array) -> tuple[jax.Array, None]:
+        return scatter(x), None
+
+    def scattered_bwd(_: None, ct: jax.Array) -> tuple[jax.Array]:
+        gather = functools.partial(gathered_rows, axis_name=axis_name, bidirectional=bidirectional)
+        every = jax.shard_map(
+            lambda block: gather(block)[None], mesh=mesh, in_specs=P(axis_name, None), out_specs=P(axis_name)
+        )
+        return (every(ct),)
+
+    scattered.defvjp(scattered_fwd, scattered_bwd)
+    return scattered(x)
+
+
+@conformance.register(
+    "reduce_scatter",
+    name="pallas_ring_reduce_scatter_unidirectional",
+    pallas=True,
+    differentiable=True,
+    dtypes=REDUCE_SCATTER.dtypes,
+    description="Pallas remote-DMA ring, float32 accumulators added in VMEM, two steps in flight",
+)
+def pallas_ring_reduce_scatter_unidirectional(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
+) -> jax.Array:
+    return reduce_scatter(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=False,
+        name="pallas_ring_reduce_scatter_unidirectional",
+    )
+
+
+@conformance.register(
+    "reduce_scatter",
+    name="pallas_ring_reduce_scatter_bidirectional",
+    pallas=True,
+    bidirectional=True,
+    differentiable=True,
+    dtypes=REDUCE_SCATTER.dtypes,
+    description="Pallas remote-DMA rings, the top rows of each block leftwards and the rest rightwards",
+)
+def pallas_ring_reduce_scatter_bidirectional(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
+) -> jax.Array:
+    return reduce_scatter(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=True,
+        name="pallas_ring_reduce_scatter_bidirectional",
+    )
