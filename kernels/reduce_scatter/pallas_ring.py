@@ -23,7 +23,10 @@ Buffers and synchronisation, per direction:
    step ``s`` filled, so after adding it the receiver signals a credit (a regular semaphore) on its
    sender, which waits for one before each step from the third on. The receive semaphores are then
    signalled only by the DMA they wait for (a DMA semaphore's wait is a byte count: with one shared
-   semaphore a neighbour one step ahead could satisfy it with the next step's bytes).
+   semaphore a neighbour one step ahead could satisfy it with the next step's bytes). In the
+   bidirectional kernel each device also waits, every step, for the other ring's transfer from the
+   device it sends to, which already orders that device's addition before the next write; the credit
+   is what orders it where one ring runs alone (the unidirectional kernel, a block of one row).
 4. *Every DMA waited, every credit consumed* before the kernel returns: no transfer is in flight into or
    out of a buffer after it, no semaphore keeps a count.
 
@@ -70,11 +73,13 @@ IN_FLIGHT = 2
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
-    """Guards of the kernel's synchronisation (module docstring, points 2 and 4) that the self-tests
+    """Guards of the kernel's synchronisation (module docstring, points 2 to 4) that the self-tests
     take out, one each, to watch the check meant for it fail."""
 
     #: The barrier before the first remote DMA.
     barrier: bool = True
+    #: A credit before a receive buffer is written again.
+    credits: bool = True
     #: Every send waited before the kernel returns (else only the last).
     drain_every_send: bool = True
 
@@ -130,7 +135,7 @@ def _ring_kernel(
         with jax.named_scope(f"ring_step_{step}_send"):
             now = []
             for _, _, send, recv, send_sems, recv_sems, credit, _, downstream, _ in rings:
-                if step >= IN_FLIGHT:  # the downstream device has added what it received in this slot
+                if step >= IN_FLIGHT and protocol.credits:  # downstream has added what it got in this slot
                     pl.semaphore_wait(credit, 1)
                 dma = pltpu.make_async_remote_copy(
                     send.at[slot], recv.at[slot], send_sems.at[slot], recv_sems.at[slot], device_id=downstream
@@ -142,7 +147,7 @@ def _ring_kernel(
             for k, (x_ref, o_ref, send, recv, _, _, credit, hop, _, upstream) in enumerate(rings):
                 sent[step][k].wait_recv()
                 total = recv[slot] + x_ref[block(hop, step + 1)].astype(recv.dtype)
-                if step + IN_FLIGHT < steps:  # the upstream device will write this slot again
+                if step + IN_FLIGHT < steps and protocol.credits:  # upstream will write this slot again
                     pl.semaphore_signal(credit, 1, device_id=upstream)
                 if step == steps - 1:
                     o_ref[...] = total.astype(o_ref.dtype)
