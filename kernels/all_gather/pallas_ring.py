@@ -278,6 +278,57 @@ def refuse_what_a_tpu_cannot_do(name: str, shard_shape: tuple[int, ...], dtype: 
     return None
 
 
+def gathered_shards(
+    shard: jax.Array,
+    *,
+    axis_name: str,
+    mesh_axes: tuple[str, ...],
+    interpret: Any,
+    bidirectional: bool,
+    name: str,
+    in_flight: int | None = IN_FLIGHT,
+) -> jax.Array:
+    """Every device's ``shard`` in ring order, ``[n * m, ...]``, by the ring kernel: called on each
+    device inside a ``shard_map`` over ``axis_name`` (``in_flight``: steps a link may have in flight, the
+    size of each direction's semaphore arrays; ``None``: every step its own semaphores, which grow with
+    the ring). Compiled for a TPU, it refuses what a chip cannot run (:func:`refuse_what_a_tpu_cannot_do`)."""
+    n = lax.axis_size(axis_name)
+    if not interpret:
+        refuse_what_a_tpu_cannot_do(name, shard.shape, shard.dtype)
+    if n == 1:  # a ring of one holds the whole array: nothing to move, no kernel to run
+        return shard
+    in_flight = max(1, min(in_flight or n - 1, n - 1))
+    right_rows, left_rows = row_split(
+        shard.shape, shard.dtype, bidirectional=bidirectional, for_tpu=not interpret
+    )
+    kernel = functools.partial(
+        _ring_kernel,
+        axis_name=axis_name,
+        mesh_axes=mesh_axes,
+        right_rows=right_rows,
+        left_rows=left_rows,
+        in_flight=in_flight,
+    )
+    gathered = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((n, *shard.shape), shard.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        scratch_shapes=[
+            pltpu.SemaphoreType.DMA((in_flight,)),  # send, rightward ring
+            pltpu.SemaphoreType.DMA((in_flight,)),  # recv, rightward ring
+            pltpu.SemaphoreType.DMA((in_flight,)),  # send, leftward ring
+            pltpu.SemaphoreType.DMA((in_flight,)),  # recv, leftward ring
+            pltpu.SemaphoreType.REGULAR,  # credits from the right neighbour (rightward ring)
+            pltpu.SemaphoreType.REGULAR,  # credits from the left neighbour (leftward ring)
+            pltpu.SemaphoreType.DMA,  # the local copy of the own shard
+        ],
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+        interpret=interpret,
+    )(shard)
+    return gathered.reshape(n * shard.shape[0], *shard.shape[1:])
+
+
 def _all_gather(
     x: jax.Array,
     *,
@@ -288,46 +339,17 @@ def _all_gather(
     name: str,
     in_flight: int | None = IN_FLIGHT,
 ) -> jax.Array:
-    """The ring all-gather of ``x`` (``in_flight``: steps a link may have in flight, the size of each
-    direction's semaphore arrays; ``None``: every step its own semaphores, which grow with the ring)."""
+    """The ring all-gather of ``x`` (:func:`gathered_shards` on each device)."""
     n = validate(name, x, mesh, axis_name)
-    shard_shape = (x.shape[0] // n, *x.shape[1:])
-    if not interpret:
-        refuse_what_a_tpu_cannot_do(name, shard_shape, x.dtype)
-    in_flight = max(1, min(in_flight or n - 1, n - 1))
-    right_rows, left_rows = row_split(
-        shard_shape, x.dtype, bidirectional=bidirectional, for_tpu=not interpret
-    )
-    kernel = functools.partial(
-        _ring_kernel,
+    per_device = functools.partial(
+        gathered_shards,
         axis_name=axis_name,
         mesh_axes=tuple(mesh.axis_names),
-        right_rows=right_rows,
-        left_rows=left_rows,
+        interpret=interpret,
+        bidirectional=bidirectional,
+        name=name,
         in_flight=in_flight,
     )
-
-    def per_device(shard: jax.Array) -> jax.Array:
-        if n == 1:  # a ring of one holds the whole array: nothing to move, no kernel to run
-            return shard
-        gathered = pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct((n, *shard.shape), shard.dtype),
-            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-            out_specs=pl.BlockSpec(memory_space=pl.ANY),
-            scratch_shapes=[
-                pltpu.SemaphoreType.DMA((in_flight,)),  # send, rightward ring
-                pltpu.SemaphoreType.DMA((in_flight,)),  # recv, rightward ring
-                pltpu.SemaphoreType.DMA((in_flight,)),  # send, leftward ring
-                pltpu.SemaphoreType.DMA((in_flight,)),  # recv, leftward ring
-                pltpu.SemaphoreType.REGULAR,  # credits from the right neighbour (rightward ring)
-                pltpu.SemaphoreType.REGULAR,  # credits from the left neighbour (leftward ring)
-                pltpu.SemaphoreType.DMA,  # the local copy of the own shard
-            ],
-            compiler_params=pltpu.CompilerParams(collective_id=0),
-            interpret=interpret,
-        )(shard)
-        return gathered.reshape(n * shard.shape[0], *shard.shape[1:])
 
     # check_vma=False: shard_map cannot see inside the kernel that its output is
     # replicated, so it is declared by out_specs=P() alone. Left to autodiff, that

@@ -167,6 +167,52 @@ def _ring_kernel(
 WIDENED_OUTSIDE = (jnp.dtype(jnp.float16),)
 
 
+def scattered_partial(
+    partial: jax.Array,
+    *,
+    axis_name: str,
+    mesh_axes: tuple[str, ...],
+    interpret: Any,
+    bidirectional: bool,
+    protocol: Protocol = SAFE,
+) -> jax.Array:
+    """This device's row block of the sum of every device's ``partial[M, cols]``, by the ring kernel,
+    rounded once to ``partial``'s dtype: called on each device inside a ``shard_map`` over ``axis_name``."""
+    n = lax.axis_size(axis_name)
+    m, cols = partial.shape[0] // n, partial.shape[1]
+    blocks = partial.reshape(n, m, cols)
+    if blocks.dtype in WIDENED_OUTSIDE and not interpret:
+        blocks = blocks.astype(jnp.float32)
+    if n == 1:  # the partial is the sum: nothing to move, no kernel to run
+        return partial
+    top, bottom = halves(m, bidirectional=bidirectional)
+    cuts = [rows for rows in (top, bottom) if rows]
+    acc = accumulator_dtype(blocks.dtype)
+    kernel = functools.partial(
+        _ring_kernel, axis_name=axis_name, mesh_axes=mesh_axes, directions=len(cuts), protocol=protocol
+    )
+    scratch = []
+    for rows in cuts:
+        scratch += [
+            pltpu.VMEM((IN_FLIGHT, rows, cols), acc),  # accumulators sent
+            pltpu.VMEM((IN_FLIGHT, rows, cols), acc),  # accumulators received
+            pltpu.SemaphoreType.DMA((IN_FLIGHT,)),  # sent
+            pltpu.SemaphoreType.DMA((IN_FLIGHT,)),  # received
+            pltpu.SemaphoreType.REGULAR,  # credits from the downstream device
+        ]
+    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+    summed = pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct((rows, cols), blocks.dtype) for rows in cuts],
+        in_specs=[vmem] * len(cuts),
+        out_specs=[vmem] * len(cuts),
+        scratch_shapes=scratch,
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+        interpret=interpret,
+    )(*[blocks[:, :top], blocks[:, top:]][: len(cuts)])
+    return (jnp.concatenate(summed) if len(summed) > 1 else summed[0]).astype(partial.dtype)
+
+
 def reduce_scatter(
     x: jax.Array,
     *,
@@ -178,47 +224,17 @@ def reduce_scatter(
     protocol: Protocol = SAFE,
 ) -> jax.Array:
     """The ring reduce-scatter of the partials ``x[n, M, cols]`` (``protocol``: the self-tests' knob)."""
-    n = validate(name, x, mesh, axis_name)
-    m = x.shape[1] // n
-    top, bottom = halves(m, bidirectional=bidirectional)
-    cuts = [rows for rows in (top, bottom) if rows]
-    acc = accumulator_dtype(x.dtype)
-    kernel = functools.partial(
-        _ring_kernel,
-        axis_name=axis_name,
-        mesh_axes=tuple(mesh.axis_names),
-        directions=len(cuts),
-        protocol=protocol,
-    )
-    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+    validate(name, x, mesh, axis_name)
 
     def per_device(block: jax.Array) -> jax.Array:
-        partial = block[0].reshape(n, m, block.shape[-1])
-        if partial.dtype in WIDENED_OUTSIDE and not interpret:
-            partial = partial.astype(jnp.float32)
-        if n == 1:  # the partial is the sum: nothing to move, no kernel to run
-            return partial[0].astype(block.dtype)
-        cols = partial.shape[-1]
-        parts = [partial[:, :top], partial[:, top:]][: len(cuts)]
-        scratch = []
-        for rows in cuts:
-            scratch += [
-                pltpu.VMEM((IN_FLIGHT, rows, cols), acc),  # accumulators sent
-                pltpu.VMEM((IN_FLIGHT, rows, cols), acc),  # accumulators received
-                pltpu.SemaphoreType.DMA((IN_FLIGHT,)),  # sent
-                pltpu.SemaphoreType.DMA((IN_FLIGHT,)),  # received
-                pltpu.SemaphoreType.REGULAR,  # credits from the downstream device
-            ]
-        summed = pl.pallas_call(
-            kernel,
-            out_shape=[jax.ShapeDtypeStruct((rows, cols), partial.dtype) for rows in cuts],
-            in_specs=[vmem] * len(cuts),
-            out_specs=[vmem] * len(cuts),
-            scratch_shapes=scratch,
-            compiler_params=pltpu.CompilerParams(collective_id=0),
+        return scattered_partial(
+            block[0],
+            axis_name=axis_name,
+            mesh_axes=tuple(mesh.axis_names),
             interpret=interpret,
-        )(*parts)
-        return (jnp.concatenate(summed) if len(summed) > 1 else summed[0]).astype(block.dtype)
+            bidirectional=bidirectional,
+            protocol=protocol,
+        )
 
     scatter = jax.shard_map(
         per_device,
