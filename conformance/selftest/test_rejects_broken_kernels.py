@@ -97,8 +97,11 @@ BUILTINS = {
         for family in ("reduce_scatter", "all_reduce")
         for name in (f"xla_{family}", f"ring_{family}_unidirectional", f"ring_{family}_bidirectional")
     },
-    "pallas_ring_reduce_scatter_unidirectional": STANDARD_TESTS | PALLAS | AUTODIFF | ACCURACY,
-    "pallas_ring_reduce_scatter_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF | ACCURACY,
+    **{
+        f"pallas_ring_{family}_{way}": STANDARD_TESTS | PALLAS | AUTODIFF | ACCURACY
+        for family in ("reduce_scatter", "all_reduce")
+        for way in ("unidirectional", "bidirectional")
+    },
 }
 #: The built-ins pass every check of the suite on every mesh in `tox -e cpu` (and `tpu-compile`); here,
 #: on a ring of one, an odd ring, the longest ring, a 2-D mesh in a TPU slice's order, a 3-D mesh and a
