@@ -131,7 +131,7 @@ def records_of(result: object) -> list[Any]:
 #: windows a chip runs, on CPU in interpret mode's on_wait DMA order).
 CASE_KINDS = ("fixed", "drawn", "drawn_gradients", "accuracy", "tpu_native")
 #: What a test may ask of an implementation.
-IMPLEMENTATION_PREDICATES = ("pallas", "differentiable", "bidirectional", "not_baseline")
+IMPLEMENTATION_PREDICATES = ("pallas", "differentiable", "bidirectional", "not_baseline", "not_pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +186,9 @@ class Axes:
     def selects(self, implementation: Any) -> bool:
         """Whether ``implementation`` (a registry record) meets :attr:`implementations`."""
         return all(
-            (not implementation.baseline) if p == "not_baseline" else getattr(implementation, p)
+            (not getattr(implementation, p.removeprefix("not_")))
+            if p.startswith("not_")
+            else getattr(implementation, p)
             for p in self.implementations
         )
 
