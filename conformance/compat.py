@@ -138,6 +138,16 @@ def make_mesh(
     return jax.make_mesh(tuple(shape), tuple(axis_names), axis_types=axis_types, devices=devices)
 
 
+def reshard(x: Any, sharding: Any) -> Any:
+    """``x`` resharded to ``sharding`` on a mesh of ``Explicit`` axes: ``jax.sharding.reshard`` from
+    JAX 0.7, ``jax.experimental.shard.reshard`` in 0.6."""
+    if hasattr(jax.sharding, "reshard"):
+        return jax.sharding.reshard(x, sharding)
+    from jax.experimental import shard
+
+    return shard.reshard(x, sharding)
+
+
 def all_gather_invariant(x: Any, axis_name: str, *, axis: int = 0, tiled: bool = False) -> Any:
     """An all-gather whose result is typed invariant over ``axis_name`` (so ``out_specs=P()`` checks).
 

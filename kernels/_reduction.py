@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
+from conformance import compat
+from conformance.kernels._ring import accumulator_dtype
 from conformance.kernels._validation import axis_size, require_divisible
 
 
@@ -17,3 +20,16 @@ def validate(name: str, x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str) -
         )
     require_divisible(name, "M (rows of each partial, scattered)", x.shape[1], n, axis_name)
     return n
+
+
+def summed_by_the_compiler(x: jax.Array, *, out: jax.sharding.NamedSharding) -> jax.Array:
+    """``x.sum(0)`` of the stacked partials in their accumulator dtype, rounded once, its result sharded
+    as ``out``, left to XLA's partitioner (no ``shard_map``): the compiler picks the collective (a
+    reduce-scatter or an all-reduce of the partials). On a mesh whose axes are ``Explicit`` the sum's
+    own type is replicated and is resharded to ``out``; on ``Auto`` axes ``out`` is a sharding
+    constraint on the result."""
+    total = jnp.sum(x, axis=0, dtype=accumulator_dtype(x.dtype)).astype(x.dtype)
+    kinds = dict(zip(out.mesh.axis_names, out.mesh.axis_types, strict=True))
+    if any("Explicit" in str(kind) for kind in kinds.values()):
+        return compat.reshard(total, out)
+    return jax.lax.with_sharding_constraint(total, out)

@@ -86,27 +86,6 @@ def _all_reduce(
 
 @conformance.register(
     "all_reduce",
-    name="pallas_ring_all_reduce_unidirectional",
-    pallas=True,
-    differentiable=True,
-    dtypes=ALL_REDUCE.dtypes,
-    description="the Pallas reduce-scatter ring, then the Pallas all-gather ring, each one way",
-)
-def pallas_ring_all_reduce_unidirectional(
-    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
-) -> jax.Array:
-    return _all_reduce(
-        x,
-        mesh=mesh,
-        axis_name=axis_name,
-        interpret=interpret,
-        bidirectional=False,
-        name="pallas_ring_all_reduce_unidirectional",
-    )
-
-
-@conformance.register(
-    "all_reduce",
     name="pallas_ring_all_reduce_bidirectional",
     pallas=True,
     bidirectional=True,

@@ -1,8 +1,8 @@
 """Reduce-scatter: ``x[n, M, cols] P(axis)`` (each device's partial) ``-> x.sum(0)``, ``P(axis)``."""
 
+from conformance.kernels.reduce_scatter.compiler import xla_jit_reduce_scatter
 from conformance.kernels.reduce_scatter.pallas_ring import (
     pallas_ring_reduce_scatter_bidirectional,
-    pallas_ring_reduce_scatter_unidirectional,
 )
 from conformance.kernels.reduce_scatter.ring import (
     ring_reduce_scatter_bidirectional,
@@ -12,8 +12,8 @@ from conformance.kernels.reduce_scatter.xla import xla_reduce_scatter
 
 __all__ = [
     "pallas_ring_reduce_scatter_bidirectional",
-    "pallas_ring_reduce_scatter_unidirectional",
     "ring_reduce_scatter_bidirectional",
     "ring_reduce_scatter_unidirectional",
+    "xla_jit_reduce_scatter",
     "xla_reduce_scatter",
 ]

@@ -2,11 +2,12 @@
 
 Algorithm. Each of n devices holds an ``[M, cols]`` partial, seen by the kernel as ``[n, m, cols]``
 (block ``j`` is rows ``j m`` to ``(j + 1) m``, the rows device ``j`` ends with). One way round the ring
-(the unidirectional kernel, JAX's Pallas TPU tutorial's reduce-scatter in one direction) device ``d``
+(``bidirectional=False``, JAX's Pallas TPU tutorial's reduce-scatter in one direction) device ``d``
 starts with its own contribution to block ``d + 1`` and, for n - 1 steps, sends its accumulator to
 ``d - 1`` while receiving ``d + 1``'s, which holds the block one further on; it adds its own rows of that
 block. After n - 1 hops what arrives is block ``d``'s sum less its own part, which it adds last. The
-bidirectional kernel cuts every block in two (top ``ceil(m/2)`` rows, the rest) and runs the top rows
+bidirectional kernel (the one registered: the one-way ring is its half where a block has a single
+row, and the self-tests' form of it) cuts every block in two (top ``ceil(m/2)`` rows, the rest) and runs the top rows
 that way and the bottom rows the other (block ``d - 1`` first), two rings at once, each half the bytes.
 Accumulators are float32 for 16-bit floats (int32 for int32), added in VMEM and rounded once: the
 partial sums that travel are never rounded between hops.
@@ -26,7 +27,7 @@ Buffers and synchronisation, per direction:
    semaphore a neighbour one step ahead could satisfy it with the next step's bytes). In the
    bidirectional kernel each device also waits, every step, for the other ring's transfer from the
    device it sends to, which already orders that device's addition before the next write; the credit
-   is what orders it where one ring runs alone (the unidirectional kernel, a block of one row).
+   is what orders it where one ring runs alone (``bidirectional=False``, a block of one row).
 4. *Every DMA waited, every credit consumed* before the kernel returns: no transfer is in flight into or
    out of a buffer after it, no semaphore keeps a count.
 
@@ -260,27 +261,6 @@ def reduce_scatter(
 
     scattered.defvjp(scattered_fwd, scattered_bwd)
     return scattered(x)
-
-
-@conformance.register(
-    "reduce_scatter",
-    name="pallas_ring_reduce_scatter_unidirectional",
-    pallas=True,
-    differentiable=True,
-    dtypes=REDUCE_SCATTER.dtypes,
-    description="Pallas remote-DMA ring, float32 accumulators added in VMEM, two steps in flight",
-)
-def pallas_ring_reduce_scatter_unidirectional(
-    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
-) -> jax.Array:
-    return reduce_scatter(
-        x,
-        mesh=mesh,
-        axis_name=axis_name,
-        interpret=interpret,
-        bidirectional=False,
-        name="pallas_ring_reduce_scatter_unidirectional",
-    )
 
 
 @conformance.register(
