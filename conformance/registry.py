@@ -108,6 +108,12 @@ class Implementation:
     #: present: what it passed, else the option's default.
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def other_reductions(self) -> tuple[str, ...]:
+        """The reductions it declares beside its family's own (the reduction families' ``reductions``
+        option), each checked by calling it with ``reduction=NAME``."""
+        return tuple(r for r in self.options.get("reductions", ()) if r != "add")
+
     def missing_requirement(self) -> str | None:
         """``None`` if every module of :attr:`requires` imports, else which one and why not."""
         import importlib

@@ -1,6 +1,9 @@
-"""Argument validation the reduction families share (``reduce_scatter``, ``all_reduce``)."""
+"""What the reduction families' built-ins share (``reduce_scatter``, ``all_reduce``): argument validation,
+the reductions they compute, the compiler's own form."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,14 +25,34 @@ def validate(name: str, x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str) -
     return n
 
 
-def summed_by_the_compiler(x: jax.Array, *, out: jax.sharding.NamedSharding) -> jax.Array:
+def summed_by_the_compiler(
+    x: jax.Array, *, out: jax.sharding.NamedSharding, reduction: str = "add"
+) -> jax.Array:
     """``x.sum(0)`` of the stacked partials in their accumulator dtype, rounded once, its result sharded
     as ``out``, left to XLA's partitioner (no ``shard_map``): the compiler picks the collective (a
     reduce-scatter or an all-reduce of the partials). On a mesh whose axes are ``Explicit`` the sum's
     own type is replicated and is resharded to ``out``; on ``Auto`` axes ``out`` is a sharding
     constraint on the result."""
-    total = jnp.sum(x, axis=0, dtype=accumulator_dtype(x.dtype)).astype(x.dtype)
+    if reduction == "add":
+        total = jnp.sum(x, axis=0, dtype=accumulator_dtype(x.dtype)).astype(x.dtype)
+    else:
+        total = {"min": jnp.min, "max": jnp.max}[reduction](x, axis=0)
     kinds = dict(zip(out.mesh.axis_names, out.mesh.axis_types, strict=True))
     if any("Explicit" in str(kind) for kind in kinds.values()):
         return compat.reshard(total, out)
     return jax.lax.with_sharding_constraint(total, out)
+
+
+#: The reductions the built-ins compute (``reduction=``), each as the elementwise operation that
+#: combines two partials.
+COMBINE = {"add": jnp.add, "min": jnp.minimum, "max": jnp.maximum}
+#: What every built-in reduction kernel declares (``register(..., reductions=REDUCTIONS)``).
+REDUCTIONS = tuple(COMBINE)
+
+
+def combine(name: str, reduction: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The elementwise operation of ``reduction``; ``ValueError`` naming it for one the kernel lacks."""
+    try:
+        return COMBINE[reduction]
+    except KeyError:
+        raise ValueError(f"{name}: reduction={reduction!r} is not one of {REDUCTIONS}") from None

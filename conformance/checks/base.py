@@ -131,7 +131,14 @@ def records_of(result: object) -> list[Any]:
 #: windows a chip runs, on CPU in interpret mode's on_wait DMA order).
 CASE_KINDS = ("fixed", "drawn", "drawn_gradients", "accuracy", "tpu_native")
 #: What a test may ask of an implementation.
-IMPLEMENTATION_PREDICATES = ("pallas", "differentiable", "bidirectional", "not_baseline", "not_pallas")
+IMPLEMENTATION_PREDICATES = (
+    "pallas",
+    "differentiable",
+    "bidirectional",
+    "other_reductions",
+    "not_baseline",
+    "not_pallas",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_rs_one_half_goes_the_wrong_way": "test_values",
     "broken_rs_ring_of_one_returns_the_partial_widened": "test_dtype",
     "broken_ar_each_device_sums_in_its_own_order": "test_output_sharding",
+    "broken_rs_max_starts_from_zero": "test_other_reductions",
     "broken_pallas_rs_writes_a_buffer_still_being_read": "test_races",
     "broken_pallas_rs_dma_before_the_barrier": "test_barrier_protocol",
     "broken_pallas_rs_leaves_a_send_unwaited": "test_races",
@@ -33,6 +34,7 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_rs_one_half_goes_the_wrong_way": "values differ from the numpy float64 reference",
     "broken_rs_ring_of_one_returns_the_partial_widened": "dtype",
     "broken_ar_each_device_sums_in_its_own_order": "the replicas of one block of the result differ",
+    "broken_rs_max_starts_from_zero": "reduction='max': values differ",
     "broken_pallas_rs_writes_a_buffer_still_being_read": "TPU interpret mode detected a race",
     "broken_pallas_rs_dma_before_the_barrier": "barrier",
     "broken_pallas_rs_leaves_a_send_unwaited": "a semaphore has a nonzero count at kernel exit",
@@ -197,3 +199,23 @@ broken_pallas_rs_dma_before_the_barrier = _pallas_ring_without(
 broken_pallas_rs_leaves_a_send_unwaited = _pallas_ring_without(
     "broken_pallas_rs_leaves_a_send_unwaited", drain_every_send=False
 )
+
+
+@conformance.register("reduce_scatter", name="broken_rs_max_starts_from_zero", reductions=("add", "max"))
+def broken_rs_max_starts_from_zero(x, *, mesh, axis_name, reduction="add"):
+    """A sum written as a fold from zero, its max the same fold with ``maximum``: right for the sum,
+    and for the max wherever some partial is positive; where every partial is negative the max is 0."""
+    n = validate("broken_rs_max_starts_from_zero", x, mesh, axis_name)
+    combine = {"add": jnp.add, "max": jnp.maximum}[reduction]
+
+    def per_device(block):
+        partial = block[0].astype(_wide(block.dtype))
+        m, me = partial.shape[0] // n, lax.axis_index(axis_name)
+        acc = jnp.zeros((m, partial.shape[1]), partial.dtype)
+        for step in range(n):  # the accumulator of block me + step + 1 arrives, this device's rows join it
+            if step:
+                acc = lax.ppermute(acc, axis_name, ring_perm(n, -1))
+            acc = combine(acc, lax.dynamic_slice_in_dim(partial, lax.rem(me + step + 1, n) * m, m))
+        return acc.astype(block.dtype)
+
+    return _reduce_scatter(per_device, x, mesh, axis_name)

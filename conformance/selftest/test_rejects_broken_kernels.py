@@ -78,6 +78,7 @@ AUTODIFF = {"test_gradients", "test_backward_collectives"}
 ACCURACY = {"test_accuracy", "test_backward_accuracy"}
 OVERLAP = {"test_overlap"}
 BALANCE = {"test_direction_balance"}
+REDUCTIONS = {"test_other_reductions"}
 #: built-in -> the tests it must have run (and passed)
 BUILTINS = {
     "xla_allgather_matmul": STANDARD_TESTS | OVERLAP | AUTODIFF,
@@ -92,13 +93,14 @@ BUILTINS = {
     **{
         name: STANDARD_TESTS
         | AUTODIFF
+        | REDUCTIONS
         | (set() if name.startswith("xla_") else ACCURACY)
         | (BALANCE if name.endswith("_bidirectional") else set())
         for family in ("reduce_scatter", "all_reduce")
         for name in (f"xla_{family}", f"ring_{family}_unidirectional", f"ring_{family}_bidirectional")
     },
     **{
-        f"pallas_ring_{family}_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF | ACCURACY
+        f"pallas_ring_{family}_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF | ACCURACY | REDUCTIONS
         for family in ("reduce_scatter", "all_reduce")
     },
 }

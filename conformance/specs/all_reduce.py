@@ -66,6 +66,8 @@ ALL_REDUCE = FamilySpec(
     tpu_native_dims={"rows_per_shard": 32, "cols": 128},
     block_tags=reduction.block_tags,
     block_unit="partial",
+    other_reductions=reduction.OTHER_REDUCTIONS,
+    registration_options={"reductions": reduction.REDUCTIONS_OPTION},
 )
 
 #: This module's family (:mod:`conformance.specs` collects it).

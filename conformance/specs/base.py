@@ -163,6 +163,12 @@ class FamilySpec:
     #: sums every position's: one run per position).
     block_unit: str = "block"
 
+    # -- reductions other than the family's own (:mod:`conformance.checks.reductions`)
+    #: The reductions a kernel may declare beside the family's default (registration option
+    #: ``reductions``; it is then called with ``reduction=NAME``): name -> the float64 reference over
+    #: the operands, exact (a min or max rounds nothing). Empty: the family has none.
+    other_reductions: Mapping[str, Callable[..., np.ndarray]] = dataclasses.field(default_factory=dict)
+
     #: Keywords this family's implementations may pass to ``conformance.register``.
     registration_options: Mapping[str, RegistrationOption] = dataclasses.field(default_factory=dict)
 

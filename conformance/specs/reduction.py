@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance import tolerances
-from conformance.specs.base import BadInput, Dims
+from conformance.specs.base import BadInput, Dims, RegistrationOption
 
 
 def x_shape(d: Dims, n: int) -> tuple[int, int, int]:
@@ -90,3 +90,22 @@ def replicated_vjp(x: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray]:
 def exact_vjp_tolerance(x: np.ndarray, ct: np.ndarray, dtype: str) -> tuple[np.ndarray]:
     """The cotangent is copied, never summed: exact."""
     return (tolerances.data_movement_tolerance(x.shape),)
+
+
+#: The reductions a reduction kernel may declare beside the sum (``lax.psum_scatter``'s and
+#: ``reduce_scatter_mgpu``'s ``reduction="min"|"max"``): the elementwise min or max of the partials,
+#: exact in every dtype.
+OTHER_REDUCTIONS = {
+    "min": lambda x: x.min(axis=-3),
+    "max": lambda x: x.max(axis=-3),
+}
+
+#: ``reductions``, the reduction families' registration option: the reductions a kernel computes,
+#: ``"add"`` (the family's own) and any of :data:`OTHER_REDUCTIONS`, each called as ``reduction=NAME``.
+REDUCTIONS_OPTION = RegistrationOption(
+    default=("add",),
+    accepts=lambda v: isinstance(v, tuple) and "add" in v and set(v) <= {"add", *OTHER_REDUCTIONS},
+    expects=f"a tuple of reductions that includes 'add', of {('add', *OTHER_REDUCTIONS)}",
+    doc="the reductions the kernel computes, called with reduction='min' or 'max' for those other than "
+    "the sum (the default, ('add',), takes no such keyword)",
+)

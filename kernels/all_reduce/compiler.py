@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import summed_by_the_compiler, validate
+from conformance.kernels._reduction import REDUCTIONS, combine, summed_by_the_compiler, validate
 from conformance.specs.all_reduce import ALL_REDUCE
 
 
@@ -23,8 +23,12 @@ from conformance.specs.all_reduce import ALL_REDUCE
     baseline=True,
     compilers_own=True,
     dtypes=ALL_REDUCE.dtypes,
+    reductions=REDUCTIONS,
     description="jit(x.sum(0)) with a replicated result: the compiler's own all-reduce",
 )
-def xla_jit_all_reduce(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+def xla_jit_all_reduce(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, reduction: str = "add"
+) -> jax.Array:
     validate("xla_jit_all_reduce", x, mesh, axis_name)
-    return summed_by_the_compiler(x, out=NamedSharding(mesh, P()))
+    combine("xla_jit_all_reduce", reduction)
+    return summed_by_the_compiler(x, out=NamedSharding(mesh, P()), reduction=reduction)

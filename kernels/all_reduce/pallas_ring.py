@@ -30,7 +30,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import validate
+from conformance.kernels._reduction import REDUCTIONS, combine, validate
 from conformance.kernels.all_gather.pallas_ring import gathered_shards
 from conformance.kernels.reduce_scatter.pallas_ring import scattered_partial
 from conformance.specs.all_reduce import ALL_REDUCE
@@ -40,9 +40,17 @@ GATHERED_AS = {jnp.dtype(jnp.float16): jnp.dtype(jnp.bfloat16)}
 
 
 def _all_reduce(
-    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any, bidirectional: bool, name: str
+    x: jax.Array,
+    *,
+    mesh: jax.sharding.Mesh,
+    axis_name: str,
+    interpret: Any,
+    bidirectional: bool,
+    name: str,
+    reduction: str = "add",
 ) -> jax.Array:
     validate(name, x, mesh, axis_name)
+    combine(name, reduction)
     mesh_axes = tuple(mesh.axis_names)
 
     def per_device(block: jax.Array) -> jax.Array:
@@ -52,6 +60,7 @@ def _all_reduce(
             mesh_axes=mesh_axes,
             interpret=interpret,
             bidirectional=bidirectional,
+            reduction=reduction,
         )
         carrier = GATHERED_AS.get(mine.dtype) if not interpret else None
         moved = lax.bitcast_convert_type(mine, carrier) if carrier is not None else mine
@@ -91,10 +100,11 @@ def _all_reduce(
     bidirectional=True,
     differentiable=True,
     dtypes=ALL_REDUCE.dtypes,
+    reductions=REDUCTIONS,
     description="the Pallas reduce-scatter and all-gather rings, half of each block each way",
 )
 def pallas_ring_all_reduce_bidirectional(
-    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False, reduction: str = "add"
 ) -> jax.Array:
     return _all_reduce(
         x,
@@ -103,4 +113,5 @@ def pallas_ring_all_reduce_bidirectional(
         interpret=interpret,
         bidirectional=True,
         name="pallas_ring_all_reduce_bidirectional",
+        reduction=reduction,
     )

@@ -27,19 +27,23 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import validate
+from conformance.kernels._reduction import REDUCTIONS, combine, validate
 from conformance.kernels.reduce_scatter.ring import gathered_rows, scattered_sum
 from conformance.specs.all_reduce import ALL_REDUCE
 
 
-def _per_device(block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax.Array:
-    mine = scattered_sum(block[0], axis_name, bidirectional=bidirectional).astype(block.dtype)
+def _per_device(block: jax.Array, *, axis_name: str, bidirectional: bool, reduction: str) -> jax.Array:
+    mine = scattered_sum(block[0], axis_name, bidirectional=bidirectional, reduction=reduction).astype(
+        block.dtype
+    )
     return gathered_rows(mine, axis_name, bidirectional=bidirectional)
 
 
-def _shard_mapped(x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, bidirectional: bool) -> jax.Array:
+def _shard_mapped(
+    x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, bidirectional: bool, reduction: str = "add"
+) -> jax.Array:
     ring = jax.shard_map(
-        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional),
+        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional, reduction=reduction),
         mesh=mesh,
         in_specs=P(axis_name, None, None),
         out_specs=P(),
@@ -67,11 +71,15 @@ def _shard_mapped(x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, bidi
     name="ring_all_reduce_unidirectional",
     differentiable=True,
     dtypes=ALL_REDUCE.dtypes,
+    reductions=REDUCTIONS,
     description="a reduce-scatter ring in float32, then a gather ring of the rounded blocks, one way",
 )
-def ring_all_reduce_unidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+def ring_all_reduce_unidirectional(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, reduction: str = "add"
+) -> jax.Array:
     validate("ring_all_reduce_unidirectional", x, mesh, axis_name)
-    return _shard_mapped(x, mesh, axis_name, bidirectional=False)
+    combine("ring_all_reduce_unidirectional", reduction)
+    return _shard_mapped(x, mesh, axis_name, bidirectional=False, reduction=reduction)
 
 
 @conformance.register(
@@ -80,8 +88,12 @@ def ring_all_reduce_unidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh, axi
     bidirectional=True,
     differentiable=True,
     dtypes=ALL_REDUCE.dtypes,
+    reductions=REDUCTIONS,
     description="both rings with half of each block going each way",
 )
-def ring_all_reduce_bidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+def ring_all_reduce_bidirectional(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, reduction: str = "add"
+) -> jax.Array:
     validate("ring_all_reduce_bidirectional", x, mesh, axis_name)
-    return _shard_mapped(x, mesh, axis_name, bidirectional=True)
+    combine("ring_all_reduce_bidirectional", reduction)
+    return _shard_mapped(x, mesh, axis_name, bidirectional=True, reduction=reduction)

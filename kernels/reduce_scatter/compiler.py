@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import summed_by_the_compiler, validate
+from conformance.kernels._reduction import REDUCTIONS, combine, summed_by_the_compiler, validate
 from conformance.specs.reduce_scatter import REDUCE_SCATTER
 
 
@@ -24,8 +24,12 @@ from conformance.specs.reduce_scatter import REDUCE_SCATTER
     baseline=True,
     compilers_own=True,
     dtypes=REDUCE_SCATTER.dtypes,
+    reductions=REDUCTIONS,
     description="jit(x.sum(0)) with the result sharded by rows: the compiler's own reduce-scatter",
 )
-def xla_jit_reduce_scatter(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+def xla_jit_reduce_scatter(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, reduction: str = "add"
+) -> jax.Array:
     validate("xla_jit_reduce_scatter", x, mesh, axis_name)
-    return summed_by_the_compiler(x, out=NamedSharding(mesh, P(axis_name, None)))
+    combine("xla_jit_reduce_scatter", reduction)
+    return summed_by_the_compiler(x, out=NamedSharding(mesh, P(axis_name, None)), reduction=reduction)

@@ -7,8 +7,9 @@ starts with its own contribution to block ``d + 1`` and, for n - 1 steps, sends 
 ``d - 1`` while receiving ``d + 1``'s, which holds the block one further on; it adds its own rows of that
 block. After n - 1 hops what arrives is block ``d``'s sum less its own part, which it adds last. The
 bidirectional kernel (the one registered: the one-way ring is its half where a block has a single
-row, and the self-tests' form of it) cuts every block in two (top ``ceil(m/2)`` rows, the rest) and runs the top rows
-that way and the bottom rows the other (block ``d - 1`` first), two rings at once, each half the bytes.
+row, and the self-tests' form of it) cuts every block in two (top ``ceil(m/2)`` rows, the rest) and
+runs the top rows that way and the bottom rows the other (block ``d - 1`` first), two rings at once,
+each half the bytes. ``reduction="min"|"max"`` combines by ``minimum``/``maximum`` instead of adding.
 Accumulators are float32 for 16-bit floats (int32 for int32), added in VMEM and rounded once: the
 partial sums that travel are never rounded between hops.
 
@@ -63,7 +64,7 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance.kernels._pallas import neighbour
-from conformance.kernels._reduction import validate
+from conformance.kernels._reduction import COMBINE, REDUCTIONS, combine, validate
 from conformance.kernels._ring import accumulator_dtype, halves
 from conformance.kernels.reduce_scatter.ring import gathered_rows
 from conformance.specs.reduce_scatter import REDUCE_SCATTER
@@ -89,7 +90,12 @@ SAFE = Protocol()
 
 
 def _ring_kernel(
-    *refs: Any, axis_name: str, mesh_axes: tuple[str, ...], directions: int, protocol: Protocol = SAFE
+    *refs: Any,
+    axis_name: str,
+    mesh_axes: tuple[str, ...],
+    directions: int,
+    reduction: str = "add",
+    protocol: Protocol = SAFE,
 ) -> None:
     """``directions`` rings (1: leftwards; 2: top rows leftwards, bottom rows rightwards). ``refs``:
     the inputs ``x[n, rows, cols]`` of each direction, its outputs ``[rows, cols]``, then per direction
@@ -147,7 +153,7 @@ def _ring_kernel(
         with jax.named_scope(f"ring_step_{step}_add"):
             for k, (x_ref, o_ref, send, recv, _, _, credit, hop, _, upstream) in enumerate(rings):
                 sent[step][k].wait_recv()
-                total = recv[slot] + x_ref[block(hop, step + 1)].astype(recv.dtype)
+                total = COMBINE[reduction](recv[slot], x_ref[block(hop, step + 1)].astype(recv.dtype))
                 if step + IN_FLIGHT < steps and protocol.credits:  # upstream will write this slot again
                     pl.semaphore_signal(credit, 1, device_id=upstream)
                 if step == steps - 1:
@@ -175,6 +181,7 @@ def scattered_partial(
     mesh_axes: tuple[str, ...],
     interpret: Any,
     bidirectional: bool,
+    reduction: str = "add",
     protocol: Protocol = SAFE,
 ) -> jax.Array:
     """This device's row block of the sum of every device's ``partial[M, cols]``, by the ring kernel,
@@ -190,7 +197,12 @@ def scattered_partial(
     cuts = [rows for rows in (top, bottom) if rows]
     acc = accumulator_dtype(blocks.dtype)
     kernel = functools.partial(
-        _ring_kernel, axis_name=axis_name, mesh_axes=mesh_axes, directions=len(cuts), protocol=protocol
+        _ring_kernel,
+        axis_name=axis_name,
+        mesh_axes=mesh_axes,
+        directions=len(cuts),
+        reduction=reduction,
+        protocol=protocol,
     )
     scratch = []
     for rows in cuts:
@@ -222,10 +234,12 @@ def reduce_scatter(
     interpret: Any,
     bidirectional: bool,
     name: str,
+    reduction: str = "add",
     protocol: Protocol = SAFE,
 ) -> jax.Array:
     """The ring reduce-scatter of the partials ``x[n, M, cols]`` (``protocol``: the self-tests' knob)."""
     validate(name, x, mesh, axis_name)
+    combine(name, reduction)
 
     def per_device(block: jax.Array) -> jax.Array:
         return scattered_partial(
@@ -234,6 +248,7 @@ def reduce_scatter(
             mesh_axes=tuple(mesh.axis_names),
             interpret=interpret,
             bidirectional=bidirectional,
+            reduction=reduction,
             protocol=protocol,
         )
 
@@ -270,10 +285,11 @@ def reduce_scatter(
     bidirectional=True,
     differentiable=True,
     dtypes=REDUCE_SCATTER.dtypes,
+    reductions=REDUCTIONS,
     description="Pallas remote-DMA rings, the top rows of each block leftwards and the rest rightwards",
 )
 def pallas_ring_reduce_scatter_bidirectional(
-    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False, reduction: str = "add"
 ) -> jax.Array:
     return reduce_scatter(
         x,
@@ -282,4 +298,5 @@ def pallas_ring_reduce_scatter_bidirectional(
         interpret=interpret,
         bidirectional=True,
         name="pallas_ring_reduce_scatter_bidirectional",
+        reduction=reduction,
     )

@@ -31,17 +31,21 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import validate
+from conformance.kernels._reduction import COMBINE, REDUCTIONS, combine, validate
 from conformance.kernels._ring import accumulator_dtype, halves, ring_perm
 from conformance.specs.reduce_scatter import REDUCE_SCATTER
 
 
-def scattered_sum(partial: jax.Array, axis_name: str, *, bidirectional: bool) -> jax.Array:
+def scattered_sum(
+    partial: jax.Array, axis_name: str, *, bidirectional: bool, reduction: str = "add"
+) -> jax.Array:
     """This device's row block of the sum of every device's ``partial``, in the accumulator dtype.
 
     At step s the leftward accumulator on device d is that of block ``d + s + 1`` and the rightward
     one that of block ``d - s - 1``; each receives its neighbour's and adds this device's rows of it.
-    After n - 1 steps both are block d's, whole."""
+    After n - 1 steps both are block d's, whole. ``reduction``: ``"min"`` or ``"max"`` combine by
+    ``minimum``/``maximum`` instead of adding."""
+    op = COMBINE[reduction]
     n = lax.axis_size(axis_name)
     me = lax.axis_index(axis_name)
     m = partial.shape[0] // n
@@ -53,10 +57,10 @@ def scattered_sum(partial: jax.Array, axis_name: str, *, bidirectional: bool) ->
 
     def step(s: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         top, bottom = carry
-        top = lax.ppermute(top, axis_name, ring_perm(n, -1)) + rows(lax.rem(me + s + 1, n), 0, top_rows)
+        top = op(lax.ppermute(top, axis_name, ring_perm(n, -1)), rows(lax.rem(me + s + 1, n), 0, top_rows))
         if bottom_rows:
             owner = lax.rem(me - s - 1 + 2 * n, n)
-            bottom = lax.ppermute(bottom, axis_name, ring_perm(n, +1)) + rows(owner, top_rows, bottom_rows)
+            bottom = op(lax.ppermute(bottom, axis_name, ring_perm(n, +1)), rows(owner, top_rows, bottom_rows))
         return top, bottom
 
     first = (rows(lax.rem(me + 1, n), 0, top_rows), rows(lax.rem(me - 1 + n, n), top_rows, bottom_rows))
@@ -88,10 +92,12 @@ def gathered_rows(block: jax.Array, axis_name: str, *, bidirectional: bool) -> j
     return out
 
 
-def _per_device(block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax.Array:
+def _per_device(block: jax.Array, *, axis_name: str, bidirectional: bool, reduction: str) -> jax.Array:
     @jax.custom_vjp
     def ring(x: jax.Array) -> jax.Array:
-        return scattered_sum(x[0], axis_name, bidirectional=bidirectional).astype(x.dtype)
+        return scattered_sum(x[0], axis_name, bidirectional=bidirectional, reduction=reduction).astype(
+            x.dtype
+        )
 
     def forward(x: jax.Array) -> tuple[jax.Array, None]:
         return ring(x), None
@@ -103,9 +109,11 @@ def _per_device(block: jax.Array, *, axis_name: str, bidirectional: bool) -> jax
     return ring(block)
 
 
-def _shard_mapped(x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, bidirectional: bool) -> jax.Array:
+def _shard_mapped(
+    x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, bidirectional: bool, reduction: str = "add"
+) -> jax.Array:
     return jax.shard_map(
-        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional),
+        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional, reduction=reduction),
         mesh=mesh,
         in_specs=P(axis_name, None, None),
         out_specs=P(axis_name, None),
@@ -117,11 +125,15 @@ def _shard_mapped(x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, bidi
     name="ring_reduce_scatter_unidirectional",
     differentiable=True,
     dtypes=REDUCE_SCATTER.dtypes,
+    reductions=REDUCTIONS,
     description="float32 accumulators travel one way round the ring, each device adding its rows",
 )
-def ring_reduce_scatter_unidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+def ring_reduce_scatter_unidirectional(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, reduction: str = "add"
+) -> jax.Array:
     validate("ring_reduce_scatter_unidirectional", x, mesh, axis_name)
-    return _shard_mapped(x, mesh, axis_name, bidirectional=False)
+    combine("ring_reduce_scatter_unidirectional", reduction)
+    return _shard_mapped(x, mesh, axis_name, bidirectional=False, reduction=reduction)
 
 
 @conformance.register(
@@ -130,8 +142,12 @@ def ring_reduce_scatter_unidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh,
     bidirectional=True,
     differentiable=True,
     dtypes=REDUCE_SCATTER.dtypes,
+    reductions=REDUCTIONS,
     description="the top half of each block's accumulator travels left, the bottom half right",
 )
-def ring_reduce_scatter_bidirectional(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
+def ring_reduce_scatter_bidirectional(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, reduction: str = "add"
+) -> jax.Array:
     validate("ring_reduce_scatter_bidirectional", x, mesh, axis_name)
-    return _shard_mapped(x, mesh, axis_name, bidirectional=True)
+    combine("ring_reduce_scatter_bidirectional", reduction)
+    return _shard_mapped(x, mesh, axis_name, bidirectional=True, reduction=reduction)

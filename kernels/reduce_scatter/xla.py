@@ -1,5 +1,6 @@
 """Baseline: XLA's own ``psum_scatter`` of the partials, widened to float32 for 16-bit floats and rounded
-once at the end (the accuracy the rings are held to)."""
+once at the end (the accuracy the rings are held to); a min or max as ``lax.pmin``/``lax.pmax`` of the
+partials and this device's rows of it (JAX has no min or max ``psum_scatter``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import validate
+from conformance.kernels._reduction import REDUCTIONS, combine, validate
 from conformance.kernels._ring import accumulator_dtype
 from conformance.specs.reduce_scatter import REDUCE_SCATTER
 
@@ -19,12 +20,20 @@ from conformance.specs.reduce_scatter import REDUCE_SCATTER
     baseline=True,
     differentiable=True,
     dtypes=REDUCE_SCATTER.dtypes,
+    reductions=REDUCTIONS,
     description="lax.psum_scatter of the float32-widened partials (XLA's own collective)",
 )
-def xla_reduce_scatter(x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str) -> jax.Array:
-    validate("xla_reduce_scatter", x, mesh, axis_name)
+def xla_reduce_scatter(
+    x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, reduction: str = "add"
+) -> jax.Array:
+    n = validate("xla_reduce_scatter", x, mesh, axis_name)
+    combine("xla_reduce_scatter", reduction)
 
     def per_device(block: jax.Array) -> jax.Array:
+        if reduction != "add":  # JAX has no psum_scatter of a min or max: the whole reduction, then a slice
+            whole = {"min": lax.pmin, "max": lax.pmax}[reduction](block[0], axis_name)
+            rows = whole.shape[0] // n
+            return lax.dynamic_slice_in_dim(whole, lax.axis_index(axis_name) * rows, rows)
         partial = block[0].astype(accumulator_dtype(block.dtype))
         summed = lax.psum_scatter(partial, axis_name, scatter_dimension=0, tiled=True)
         return summed.astype(block.dtype)
