@@ -19,7 +19,7 @@ def topology_rows(records: list[Any], cells: Callable[[list[Any]], str], *, base
     for (family, impl, topology), recs in sorted(rows.items()):
         line = f"{family:<21} {impl:<{width}}  {topology:<8} {cells(recs)}"
         if getattr(recs[0], "compilers_own", False):
-            line += "  (the compiler's own collective matmul)"
+            line += "  (the compiler's own: jit of the family's math)"
         elif recs[0].baseline:
             line += f"  ({baseline_note})"
         lines.append(line)

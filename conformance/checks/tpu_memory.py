@@ -190,8 +190,8 @@ def memory_table(records: list[Any], name: str, *, device: str) -> list[tuple[st
         return []
     title = (
         f"{name} memory: peak HBM per {device} (x the baseline's, fails above {PEAK_RATIO}x; x the "
-        f"compiler's own collective matmul's) and generated code, per size, compiled by the real {name} "
-        "compiler"
+        f"compiler's own form's, jit of the family's math) and generated code, per size, compiled by the "
+        f"real {name} compiler"
     )
 
     number, legend = size_legend(records)
