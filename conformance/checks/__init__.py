@@ -14,6 +14,8 @@ module                 checks
 ``accuracy``           accuracy, backward_accuracy
 ``pallas``             tpu_layout, races, barrier_protocol
 ``bad_inputs``         bad_inputs
+``ring_balance``       direction_balance (a bidirectional ring's bytes per ring direction)
+``reductions``         other_reductions (the min and max a reduction kernel declares)
 =====================  ==========================================================================
 
 Each check raises :class:`ConformanceFailure` (an ``AssertionError``) whose message names the
