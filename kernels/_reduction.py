@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from conformance import compat
 from conformance.kernels._ring import accumulator_dtype
@@ -36,7 +37,7 @@ def summed_by_the_compiler(
     if reduction == "add":
         total = jnp.sum(x, axis=0, dtype=accumulator_dtype(x.dtype)).astype(x.dtype)
     else:
-        total = {"min": jnp.min, "max": jnp.max}[reduction](x, axis=0)
+        total = ALONG_AXIS[reduction](x, axis=0)
     kinds = dict(zip(out.mesh.axis_names, out.mesh.axis_types, strict=True))
     if any("Explicit" in str(kind) for kind in kinds.values()):
         return compat.reshard(total, out)
@@ -48,6 +49,10 @@ def summed_by_the_compiler(
 COMBINE = {"add": jnp.add, "min": jnp.minimum, "max": jnp.maximum}
 #: What every built-in reduction kernel declares (``register(..., reductions=REDUCTIONS)``).
 REDUCTIONS = tuple(COMBINE)
+#: The min and max over an array axis, and over a mesh axis (XLA's own collective of each: JAX has
+#: no min or max ``psum_scatter``, so a reduce-scatter of them is this and a slice).
+ALONG_AXIS = {"min": jnp.min, "max": jnp.max}
+OVER_MESH_AXIS = {"min": lax.pmin, "max": lax.pmax}
 
 
 def combine(name: str, reduction: str) -> Callable[[jax.Array, jax.Array], jax.Array]:

@@ -8,7 +8,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import REDUCTIONS, combine, validate
+from conformance.kernels._reduction import OVER_MESH_AXIS, REDUCTIONS, combine, validate
 from conformance.kernels._ring import accumulator_dtype
 from conformance.specs.all_reduce import ALL_REDUCE
 
@@ -30,7 +30,7 @@ def xla_all_reduce(
 
     def per_device(block: jax.Array) -> jax.Array:
         if reduction != "add":
-            return {"min": lax.pmin, "max": lax.pmax}[reduction](block[0], axis_name)
+            return OVER_MESH_AXIS[reduction](block[0], axis_name)
         return lax.psum(block[0].astype(accumulator_dtype(block.dtype)), axis_name).astype(block.dtype)
 
     return jax.shard_map(per_device, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P())(x)

@@ -9,7 +9,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import REDUCTIONS, combine, validate
+from conformance.kernels._reduction import OVER_MESH_AXIS, REDUCTIONS, combine, validate
 from conformance.kernels._ring import accumulator_dtype
 from conformance.specs.reduce_scatter import REDUCE_SCATTER
 
@@ -31,7 +31,7 @@ def xla_reduce_scatter(
 
     def per_device(block: jax.Array) -> jax.Array:
         if reduction != "add":  # JAX has no psum_scatter of a min or max: the whole reduction, then a slice
-            whole = {"min": lax.pmin, "max": lax.pmax}[reduction](block[0], axis_name)
+            whole = OVER_MESH_AXIS[reduction](block[0], axis_name)
             rows = whole.shape[0] // n
             return lax.dynamic_slice_in_dim(whole, lax.axis_index(axis_name) * rows, rows)
         partial = block[0].astype(accumulator_dtype(block.dtype))
