@@ -60,6 +60,7 @@ def _all_reduce(
             mesh_axes=mesh_axes,
             interpret=interpret,
             bidirectional=bidirectional,
+            name=name,
             reduction=reduction,
         )
         carrier = GATHERED_AS.get(mine.dtype) if not interpret else None

@@ -66,8 +66,10 @@ import conformance
 from conformance.kernels._pallas import neighbour
 from conformance.kernels._reduction import COMBINE, REDUCTIONS, combine, validate
 from conformance.kernels._ring import accumulator_dtype, halves
+from conformance.kernels.all_gather.pallas_ring import ANY_2D_WINDOW
 from conformance.kernels.reduce_scatter.ring import gathered_rows
 from conformance.specs.reduce_scatter import REDUCE_SCATTER
+from conformance.targets import mosaic, tpu_compiler
 
 #: Steps a link may have in flight: each direction's buffers and semaphores are reused every 2 steps.
 IN_FLIGHT = 2
@@ -169,6 +171,19 @@ def _ring_kernel(
                 sent[step][k].wait_send()
 
 
+def refuse_what_a_tpu_cannot_do(name: str, cols: int) -> None:
+    """``TpuConstraintError`` (:func:`conformance.targets.mosaic.refuse`, held against the real TPU
+    compiler) for what the libtpu of this JAX refuses of the kernel's DMA windows: before 0.0.42 a
+    window of a VMEM buffer whose minor dim is not whole 128-lane tiles (libtpu 0.0.17: "Slice shape
+    along dimension 2 must be aligned to tiling (128)"; the all-gather ring's measured rule)."""
+    libtpu = tpu_compiler.libtpu_in_use()
+    if libtpu < ANY_2D_WINDOW and cols % 128:
+        mosaic.refuse(
+            f"{name}: on a TPU (libtpu {'.'.join(map(str, libtpu))}) the partials' {cols} columns must be "
+            "a multiple of 128 lanes for the ring's DMA windows; pad them, or run it under interpret mode"
+        )
+
+
 #: Element types Mosaic takes no kernel arguments of (libtpu 0.0.17 to 0.0.50 refuse float16 at every
 #: shape): the kernel takes such partials widened to float32, and its result is rounded outside it.
 WIDENED_OUTSIDE = (jnp.dtype(jnp.float16),)
@@ -181,6 +196,7 @@ def scattered_partial(
     mesh_axes: tuple[str, ...],
     interpret: Any,
     bidirectional: bool,
+    name: str,
     reduction: str = "add",
     protocol: Protocol = SAFE,
 ) -> jax.Array:
@@ -188,6 +204,8 @@ def scattered_partial(
     rounded once to ``partial``'s dtype: called on each device inside a ``shard_map`` over ``axis_name``."""
     n = lax.axis_size(axis_name)
     m, cols = partial.shape[0] // n, partial.shape[1]
+    if not interpret:
+        refuse_what_a_tpu_cannot_do(name, cols)
     blocks = partial.reshape(n, m, cols)
     if blocks.dtype in WIDENED_OUTSIDE and not interpret:
         blocks = blocks.astype(jnp.float32)
@@ -248,6 +266,7 @@ def reduce_scatter(
             mesh_axes=tuple(mesh.axis_names),
             interpret=interpret,
             bidirectional=bidirectional,
+            name=name,
             reduction=reduction,
             protocol=protocol,
         )
