@@ -8,6 +8,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from conformance import compat
 from conformance.kernels._ring import accumulator_dtype
@@ -61,3 +62,31 @@ def combine(name: str, reduction: str) -> Callable[[jax.Array, jax.Array], jax.A
         return COMBINE[reduction]
     except KeyError:
         raise ValueError(f"{name}: reduction={reduction!r} is not one of {REDUCTIONS}") from None
+
+
+def all_reduced(
+    per_device: Callable[[jax.Array], jax.Array], x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+) -> jax.Array:
+    """``per_device`` (a device's ``[1, M, cols]`` partial -> the whole reduction, the same on every
+    device) over ``x`` in a ``shard_map`` whose result is declared replicated, ``P()``
+    (``check_vma=False``: a ring's result is typed varying), with its gradient: every partial adds to the
+    whole replicated result, so each device's is the replicated cotangent as it is, handed over by a
+    ``custom_vjp`` that moves nothing (JAX's own transpose would scale it and add a defensive
+    all-reduce over the mesh's other axes)."""
+    ring = jax.shard_map(
+        per_device, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(), check_vma=False
+    )
+    spread = jax.shard_map(lambda ct: ct[None], mesh=mesh, in_specs=P(), out_specs=P(axis_name, None, None))
+
+    @jax.custom_vjp
+    def all_reduce(x: jax.Array) -> jax.Array:
+        return ring(x)
+
+    def forward(x: jax.Array) -> tuple[jax.Array, None]:
+        return ring(x), None
+
+    def backward(_: None, ct: jax.Array) -> tuple[jax.Array]:
+        return (spread(ct),)
+
+    all_reduce.defvjp(forward, backward)
+    return all_reduce(x)

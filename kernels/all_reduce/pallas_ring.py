@@ -27,10 +27,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import REDUCTIONS, combine, validate
+from conformance.kernels._reduction import REDUCTIONS, all_reduced, combine, validate
 from conformance.kernels.all_gather.pallas_ring import gathered_shards
 from conformance.kernels.reduce_scatter.pallas_ring import scattered_partial
 from conformance.specs.all_reduce import ALL_REDUCE
@@ -75,23 +74,7 @@ def _all_reduce(
         )
         return lax.bitcast_convert_type(every, mine.dtype) if carrier is not None else every
 
-    ring = jax.shard_map(
-        per_device, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(), check_vma=False
-    )
-    spread = jax.shard_map(lambda ct: ct[None], mesh=mesh, in_specs=P(), out_specs=P(axis_name, None, None))
-
-    @jax.custom_vjp
-    def all_reduce(x: jax.Array) -> jax.Array:
-        return ring(x)
-
-    def forward(x: jax.Array) -> tuple[jax.Array, None]:
-        return ring(x), None
-
-    def backward(_: None, ct: jax.Array) -> tuple[jax.Array]:
-        return (spread(ct),)
-
-    all_reduce.defvjp(forward, backward)
-    return all_reduce(x)
+    return all_reduced(per_device, x, mesh=mesh, axis_name=axis_name)
 
 
 @conformance.register(

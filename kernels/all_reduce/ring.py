@@ -24,10 +24,9 @@ from __future__ import annotations
 import functools
 
 import jax
-from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._reduction import REDUCTIONS, combine, validate
+from conformance.kernels._reduction import REDUCTIONS, all_reduced, combine, validate
 from conformance.kernels.reduce_scatter.ring import gathered_rows, scattered_sum
 from conformance.specs.all_reduce import ALL_REDUCE
 
@@ -42,28 +41,10 @@ def _per_device(block: jax.Array, *, axis_name: str, bidirectional: bool, reduct
 def _shard_mapped(
     x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, bidirectional: bool, reduction: str = "add"
 ) -> jax.Array:
-    ring = jax.shard_map(
-        functools.partial(_per_device, axis_name=axis_name, bidirectional=bidirectional, reduction=reduction),
-        mesh=mesh,
-        in_specs=P(axis_name, None, None),
-        out_specs=P(),
-        check_vma=False,
+    per_device = functools.partial(
+        _per_device, axis_name=axis_name, bidirectional=bidirectional, reduction=reduction
     )
-    # the gradient: the replicated cotangent as each device's partial's, nothing moved
-    spread = jax.shard_map(lambda ct: ct[None], mesh=mesh, in_specs=P(), out_specs=P(axis_name, None, None))
-
-    @jax.custom_vjp
-    def all_reduce(x: jax.Array) -> jax.Array:
-        return ring(x)
-
-    def forward(x: jax.Array) -> tuple[jax.Array, None]:
-        return ring(x), None
-
-    def backward(_: None, ct: jax.Array) -> tuple[jax.Array]:
-        return (spread(ct),)
-
-    all_reduce.defvjp(forward, backward)
-    return all_reduce(x)
+    return all_reduced(per_device, x, mesh=mesh, axis_name=axis_name)
 
 
 @conformance.register(
