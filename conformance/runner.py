@@ -415,8 +415,27 @@ def tpu_lowerable(case: Case, target: str, lower: Any) -> Any:
     except mosaic.TpuConstraintError:
         if target != "tpu" or not case.spec.tpu_native_dims or case.at_tpu_native_dims:
             raise
-        native = case.spec.tpu_native_dims
-        return lower(dataclasses.replace(case, dims=tuple((k, int(native[k])) for k in case.spec.dims)))
+        return lower(at_tpu_native_dims(case))
+
+
+def at_tpu_native_dims(case: Case) -> Case:
+    """``case`` at its family's TPU-native dims."""
+    native = case.spec.tpu_native_dims
+    return dataclasses.replace(case, dims=tuple((k, int(native[k])) for k in case.spec.dims))
+
+
+def lowered_case(case: Case, target: str) -> Case:
+    """The case :func:`lowered_for` lowers for ``target``: ``case``, or ``case`` at the TPU-native dims
+    where a Pallas kernel refuses its shape on a TPU (whose byte bounds are then the native dims')."""
+    if target != "tpu" or not case.spec.tpu_native_dims or case.at_tpu_native_dims:
+        return case
+    try:
+        lower_exactly(case, target)
+    except mosaic.TpuConstraintError:
+        return at_tpu_native_dims(case)
+    except Exception:  # any other error is the lowering's, reported where the module is lowered
+        return case
+    return case
 
 
 def lowered_for(case: Case, target: str) -> Any:

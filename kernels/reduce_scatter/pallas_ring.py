@@ -36,8 +36,8 @@ A ring of one runs no kernel (the partial is the sum); it still goes through the
 result is typed as sharded, as on every ring.
 
 Gradient. Every partial adds to every element of the result, so each device's gradient is the whole
-cotangent: a ``custom_vjp`` around the ``shard_map`` gathers the cotangent's row blocks with the
-``ppermute`` ring of :mod:`conformance.kernels.reduce_scatter.ring` (collective-permutes only).
+cotangent: a ``custom_vjp`` around the ``shard_map`` gathers the cotangent's row blocks with XLA's own
+all-gather (the transpose of a reduce-scatter), ``(n-1)/n`` of it per device.
 
 Limits. One mesh axis (other axes replicated and addressed by their coordinates). The partial, the
 result and four accumulator buffers per direction live in VMEM: ``M cols`` input elements plus
@@ -67,7 +67,6 @@ from conformance.kernels._pallas import neighbour
 from conformance.kernels._reduction import COMBINE, REDUCTIONS, combine, validate
 from conformance.kernels._ring import accumulator_dtype, halves
 from conformance.kernels.all_gather.pallas_ring import ANY_2D_WINDOW
-from conformance.kernels.reduce_scatter.ring import gathered_rows
 from conformance.specs.reduce_scatter import REDUCE_SCATTER
 from conformance.targets import mosaic, tpu_compiler
 
@@ -287,9 +286,11 @@ def reduce_scatter(
         return scatter(x), None
 
     def scattered_bwd(_: None, ct: jax.Array) -> tuple[jax.Array]:
-        gather = functools.partial(gathered_rows, axis_name=axis_name, bidirectional=bidirectional)
         every = jax.shard_map(
-            lambda block: gather(block)[None], mesh=mesh, in_specs=P(axis_name, None), out_specs=P(axis_name)
+            lambda block: lax.all_gather(block, axis_name, tiled=True)[None],
+            mesh=mesh,
+            in_specs=P(axis_name, None),
+            out_specs=P(axis_name),
         )
         return (every(ct),)
 
