@@ -24,7 +24,7 @@ from __future__ import annotations
 from jax.sharding import PartitionSpec as P
 
 from conformance.specs import reduction
-from conformance.specs.base import Dims, FamilySpec, Operand, partial_itemsize
+from conformance.specs.base import Dims, FamilySpec, partial_itemsize
 
 
 def _partial_sums_received(d: Dims, n: int, itemsize: int) -> int:
@@ -34,38 +34,21 @@ def _partial_sums_received(d: Dims, n: int, itemsize: int) -> int:
 
 REDUCE_SCATTER = FamilySpec(
     name="reduce_scatter",
+    **reduction.SHARED_FIELDS,
     summary="x[n,M,cols] P(axis) (each device's partial) -> x.sum(0), [M,cols] P(axis)",
-    operands=(Operand("x", lambda a: P(a, None, None), reduction.x_shape),),
     out_spec=lambda a: P(a, None),
-    out_shape=reduction.block_shape,
-    dims=("rows_per_shard", "cols"),
-    canonical_dims={"rows_per_shard": 3, "cols": 8},
-    dim_values={"rows_per_shard": (1, 2, 3, 5, 8), "cols": (1, 8, 128, 256)},
-    dtypes=("float32", "bfloat16", "float16", "int32"),
-    reference=reduction.reference,
-    tolerance=reduction.tolerance,
     allowed_collectives=frozenset({"collective-permute", "reduce-scatter"}),
     max_received_bytes=_partial_sums_received,
     min_received_bytes=reduction.scattered_blocks_received,
-    bad_inputs=reduction.bad_inputs,
     byte_bound_text="each device may receive at most (n-1)/n of one partial, in the partial sums' dtype",
-    vjp_reference=reduction.replicated_vjp,
-    vjp_tolerance=reduction.exact_vjp_tolerance,
     backward_allowed_collectives=frozenset({"all-gather", "collective-permute"}),
     backward_max_received_bytes=reduction.scattered_blocks_received,
     backward_byte_bound_text="one gather of the cotangent: (n-1)/n of it per device",
-    accuracy_dtypes=("bfloat16", "float16"),
-    accuracy_dims={"rows_per_shard": 16, "cols": 64},
     accuracy_baseline_does="widens the partials to float32, reduce-scatters them (lax.psum_scatter) and "
     "rounds to the input dtype once, after the sum",
     accuracy_how_to_match="carry the partial sums in float32 between ring steps (2x the bytes of a 16-bit "
     "sum, which the byte bound allows) and cast once at the end; a reduce-scatter of 16-bit partials, XLA's "
     "own psum_scatter of the inputs as they are included, rounds at every addition",
-    tpu_native_dims={"rows_per_shard": 32, "cols": 128},
-    block_tags=reduction.block_tags,
-    block_unit="partial",
-    other_reductions=reduction.OTHER_REDUCTIONS,
-    registration_options={"reductions": reduction.REDUCTIONS_OPTION},
 )
 
 #: This module's family (:mod:`conformance.specs` collects it).

@@ -15,9 +15,10 @@ check holds a kernel to the baseline's own error (float32 sums, rounded once).
 from __future__ import annotations
 
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
-from conformance.specs.base import BadInput, Dims, RegistrationOption
+from conformance.specs.base import BadInput, Dims, Operand, RegistrationOption
 
 
 def x_shape(d: Dims, n: int) -> tuple[int, int, int]:
@@ -109,3 +110,29 @@ REDUCTIONS_OPTION = RegistrationOption(
     doc="the reductions the kernel computes, called with reduction='min' or 'max' for those other than "
     "the sum (the default, ('add',), takes no such keyword)",
 )
+
+
+#: The spec fields the two reduction families share (each adds its result's sharding, its collectives
+#: and bytes, its backward and its accuracy text): the operand, the dims and dtypes, the reference and
+#: tolerance, the bad inputs, the gradient's reference, the accuracy and TPU-native dims, the block
+#: tags and the reductions beside the sum.
+SHARED_FIELDS = {
+    "operands": (Operand("x", lambda a: P(a, None, None), x_shape),),
+    "out_shape": block_shape,
+    "dims": ("rows_per_shard", "cols"),
+    "canonical_dims": {"rows_per_shard": 3, "cols": 8},
+    "dim_values": {"rows_per_shard": (1, 2, 3, 5, 8), "cols": (1, 8, 128, 256)},
+    "dtypes": ("float32", "bfloat16", "float16", "int32"),
+    "reference": reference,
+    "tolerance": tolerance,
+    "bad_inputs": bad_inputs,
+    "vjp_reference": replicated_vjp,
+    "vjp_tolerance": exact_vjp_tolerance,
+    "accuracy_dtypes": ("bfloat16", "float16"),
+    "accuracy_dims": {"rows_per_shard": 16, "cols": 64},
+    "tpu_native_dims": {"rows_per_shard": 32, "cols": 128},
+    "block_tags": block_tags,
+    "block_unit": "partial",
+    "other_reductions": OTHER_REDUCTIONS,
+    "registration_options": {"reductions": REDUCTIONS_OPTION},
+}
