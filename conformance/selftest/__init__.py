@@ -8,6 +8,11 @@ import sys
 #: them, turns itself off).
 _NOT_INHERITED = ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
 
+#: What starting a job's processes (Python, JAX, a pytest collection) may take beside the time a test
+#: bounds, on the 2-core CI host while the selftest env runs another worker beside it: a job that was
+#: stopped still ends well inside the 600 s its hung or sleeping ranks would otherwise run.
+STARTUP_ON_A_LOADED_HOST_S = 90
+
 
 def subprocess_env() -> dict[str, str]:
     """This process's environment for a self-test's pytest subprocess (see ``_NOT_INHERITED``)."""

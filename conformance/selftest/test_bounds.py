@@ -19,14 +19,15 @@ import jax
 import pytest
 
 from conformance import blame, runner
+from conformance.selftest import STARTUP_ON_A_LOADED_HOST_S
 from conformance.session import Settings
 
 pytestmark = pytest.mark.selftest
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 3
-#: Interpreter start, JAX import, one compile: generous, but far below "no bound".
-OVERHEAD_S = 60
+#: Interpreter start, JAX import, one compile, on a loaded host: generous, but far below "no bound".
+OVERHEAD_S = STARTUP_ON_A_LOADED_HOST_S
 
 
 def _replay(*args: str, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
