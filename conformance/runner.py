@@ -170,6 +170,18 @@ def np_dtype(dtype: str) -> np.dtype:
     return dtypes.operand_np(dtype)
 
 
+def operand_np_dtype(case: Case, index: int) -> np.dtype:
+    """The numpy dtype of ``case``'s operand ``index``: its own where the spec fixes one (a ragged
+    all-to-all's int32 offsets), else the case's (:func:`np_dtype`)."""
+    fixed = case.spec.operands[index].dtype
+    return np.dtype(dtypes.operand_np(fixed if fixed is not None else case.dtype))
+
+
+def as_operands(case: Case, arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """``arrays`` (e.g. float64 copies of a case's inputs) cast back to each operand's dtype."""
+    return tuple(a.astype(operand_np_dtype(case, i)) for i, a in enumerate(arrays))
+
+
 def make_inputs(case: Case) -> tuple[np.ndarray, ...]:
     """Deterministic inputs for ``case``, already rounded to its dtype.
 
@@ -177,9 +189,13 @@ def make_inputs(case: Case) -> tuple[np.ndarray, ...]:
     ``B = tolerances.INTEGER_INPUT_BOUND`` so integer arithmetic stays exact.
     """
     out = []
-    for i, shape in enumerate(case.operand_shapes):
+    n = case.mesh.axis_size
+    for i, (op, shape) in enumerate(zip(case.spec.operands, case.operand_shapes, strict=True)):
+        dt = operand_np_dtype(case, i)
+        if op.values is not None:
+            out.append(np.asarray(op.values(case.dims_map, n)).astype(dt).reshape(shape))
+            continue
         rng = np.random.default_rng([case.seed, i, zlib.crc32(case.token.encode())])
-        dt = np_dtype(case.dtype)
         if np.issubdtype(dt, np.integer):
             bound = tolerances.INTEGER_INPUT_BOUND
             out.append(rng.integers(-bound, bound + 1, size=shape).astype(dt))
@@ -261,7 +277,8 @@ def jitted(
 
 
 def pullback_of(fn: Any) -> Any:
-    """``(*operands, cotangent) -> gradients``: the VJP of ``fn``, jitted as one module.
+    """``(*operands, cotangent) -> gradients``: the VJP of ``fn`` with respect to its floating operands
+    (every data operand of a gradient case), jitted as one module.
 
     This is the backward pass as a training step runs it: the forward work its
     residuals need, then the transpose. XLA removes forward work nothing uses.
@@ -269,7 +286,14 @@ def pullback_of(fn: Any) -> Any:
 
     def pullback(*operands_and_cotangent: jax.Array) -> tuple[jax.Array, ...]:
         *operands, cotangent = operands_and_cotangent
-        _, vjp = jax.vjp(fn, *operands)
+        # the floating operands: a ragged all-to-all's int32 offsets and sizes have no gradient
+        wrt = [i for i, a in enumerate(operands) if jnp.issubdtype(a.dtype, jnp.inexact)]
+
+        def of_floats(*floats: jax.Array) -> Any:
+            given = dict(zip(wrt, floats, strict=True))
+            return fn(*(given.get(i, a) for i, a in enumerate(operands)))
+
+        _, vjp = jax.vjp(of_floats, *(operands[i] for i in wrt))
         return vjp(cotangent)
 
     return jax.jit(pullback)
@@ -285,18 +309,19 @@ def jitted_for(case: Case, *, axis_name: str | None = None, detect_races: bool =
 
 def largest_shard_bytes(case: Case) -> int:
     """The largest buffer one device holds for ``case``: an operand's shard or the result's."""
-    itemsize = np_dtype(case.dtype).itemsize
-    shapes = [s.sharding.shard_shape(s.shape) for s in abstract_args(case)]
-    shapes.append(expected_out_sharding(case).shard_shape(case.out_shape))
-    return max(int(np.prod(shape)) for shape in shapes) * itemsize
+    sizes = [int(np.prod(s.sharding.shard_shape(s.shape))) * s.dtype.itemsize for s in abstract_args(case)]
+    out_shard = expected_out_sharding(case).shard_shape(case.out_shape)
+    sizes.append(int(np.prod(out_shard)) * np_dtype(case.dtype).itemsize)
+    return max(sizes)
 
 
 def abstract_args(case: Case, *, mesh: jax.sharding.Mesh | None = None) -> tuple[jax.ShapeDtypeStruct, ...]:
     """The operands' shapes, dtype and shardings on ``mesh`` (default: the case's own)."""
-    dt = jnp.dtype(dtypes.operand(case.dtype))
     return tuple(
-        jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
-        for shape, sharding in zip(case.operand_shapes, operand_shardings(case, mesh=mesh), strict=True)
+        jax.ShapeDtypeStruct(shape, jnp.dtype(dtypes.operand(op.dtype or case.dtype)), sharding=sharding)
+        for op, shape, sharding in zip(
+            case.spec.operands, case.operand_shapes, operand_shardings(case, mesh=mesh), strict=True
+        )
     )
 
 

@@ -17,8 +17,10 @@ def _replicated_call(case: Case, shapes: Sequence[tuple[int, ...]], axis_name: s
     """Call the implementation on arrays of ``shapes``, replicated over the case's mesh."""
     mesh = runner.mesh_of(case)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    dt = runner.np_dtype(case.dtype)
-    args = [jax.device_put(np.ones(shape, dt), replicated) for shape in shapes]
+    args = [
+        jax.device_put(np.ones(shape, runner.operand_np_dtype(case, i)), replicated)
+        for i, shape in enumerate(shapes)
+    ]
     return jax.block_until_ready(runner.jitted_for(case, axis_name=axis_name)(*args))
 
 

@@ -453,11 +453,30 @@ def compare_with_reference(
 
     def explain() -> list[str]:
         placed = block_map.where_blocks_landed(case, lambda inputs: runner.execute(case, inputs=inputs)[1])
-        return [*placed, *_baseline_wrong_too(case, inputs64, expected, tol)]
+        return [
+            *placed,
+            *_known_mistakes(case, inputs64, out, tol),
+            *_baseline_wrong_too(case, inputs64, expected, tol),
+        ]
 
     compare_shards(
         case, check, out, expected, tol, subject=subject, rule=rule, explain=explain if blocks else None
     )
+
+
+def _known_mistakes(
+    case: Case, inputs64: tuple[np.ndarray, ...], out: jax.Array, tol: np.ndarray | float
+) -> list[str]:
+    """A line per mistake of the family's spec (:attr:`~conformance.specs.base.FamilySpec.known_mistakes`)
+    whose result the kernel's matches, within the tolerance: the defect named by what it is."""
+    if not case.spec.known_mistakes or jax.process_count() > 1:  # a rank sees its own shards only
+        return []
+    got = runner.global_value(out).astype(np.float64)
+    return [
+        f"known mistake  : the result is exactly what {mistake.description} gives"
+        for mistake in case.spec.known_mistakes
+        if np.all(np.abs(got - mistake.result(inputs64, axis_size=case.mesh.axis_size)) <= tol)
+    ]
 
 
 def _baseline_result(
@@ -472,7 +491,7 @@ def _baseline_result(
     2-D baseline and back), as float64; ``call`` runs the baseline (under ``call_kernel`` where its
     failure is a verdict)."""
     base_case, fold, unfold = on_the_baseline(case, baseline)
-    inputs = tuple(a.astype(runner.np_dtype(case.dtype)) for a in inputs64)  # exact: they came from it
+    inputs = runner.as_operands(case, inputs64)  # exact: they came from them
     _, base_out = call(lambda: runner.execute(base_case, inputs=fold(inputs)))
     folded = unfold(base_out, expected)
     base = folded if isinstance(folded, np.ndarray) else runner.global_value(folded)

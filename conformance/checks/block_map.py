@@ -129,14 +129,21 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
 
     found: dict[Slot, list[Finding]] = {}
     scaled: list[tuple[Slot, int, float, float]] = []  # every wrong row: its slot, row, got, want
-    operand_dtype = runner.np_dtype(case.dtype)
     unit = spec.block_unit
-    runs: list[tuple[int, ...]] = [tuple(range(n))] if unit == "block" else [(s,) for s in range(n)]
+    one_run = unit in ("block", "group")
+    runs: list[tuple[int, ...]] = [tuple(range(n))] if one_run else [(s,) for s in range(n)]
+    # operands that are not data (a ragged all-to-all's offsets and sizes) keep the case's values
+    inputs = runner.make_inputs(case)
     for sources in runs:
-        tagged64 = spec.block_tags(case.operand_shapes, n, sources)
+        tagged64 = tuple(
+            tags if op.is_data else fixed.astype(np.float64)
+            for op, tags, fixed in zip(
+                spec.operands, spec.block_tags(case.operand_shapes, n, sources), inputs, strict=True
+            )
+        )
         expected = spec.expected(tagged64, axis_size=n)
         try:
-            out = run(tuple(a.astype(operand_dtype) for a in tagged64))
+            out = run(runner.as_operands(case, tagged64))
         except Exception as e:  # the kernel's own error on these inputs: said, and the verdict stands
             return [
                 f"block map      : not traced: the kernel raised {type(e).__name__} on source-tagged inputs: "
@@ -156,15 +163,15 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
                     for i, (g, w) in enumerate(zip(got.tolist(), want.tolist(), strict=True))
                     if g != w
                 )
-                findings = (
-                    _findings_by_tag(got, want, n) if unit == "block" else _findings(sources[0], got, want)
-                )
+                findings = _findings_by_tag(got, want, n) if one_run else _findings(sources[0], got, want)
                 found.setdefault(slot, []).extend(findings)
     wrong = sorted((s for s, f in found.items() if f), key=lambda s: (s.device, s.block))
-    head = (
-        "on source-tagged inputs (each ring position's rows tagged with their block)"
-        if unit == "block"
-        else f"on source-tagged inputs (one run per ring position, its {unit}'s rows tagged with their block)"
+    head = {
+        "block": "on source-tagged inputs (each ring position's rows tagged with their block)",
+        "group": "on source-tagged inputs (each device's rows tagged with it, the output buffer zero)",
+    }.get(
+        unit,
+        f"on source-tagged inputs (one run per ring position, its {unit}'s rows tagged with their block)",
     )
     if not wrong:
         return [
@@ -191,6 +198,8 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
             f"{factor:g} times what they are ({'; '.join(named)}{more}): the arithmetic scales them, "
             "not where blocks go"
         ]
+    if unit == "group":
+        return _group_lines(head, scaled, len(found), device)
     per_block = out_shape[-2] // n
     lines = [f"block map      : {head}: {len(wrong)} of {len(found)} row blocks of the result are wrong"]
     for slot in wrong[:MAX_NAMED]:
@@ -288,6 +297,53 @@ def _describe(
             text += f" where its rows {belongs} belong"
         parts.append(text)
     return where + "; ".join(parts)
+
+
+def _group_lines(
+    head: str, wrong_rows: list[tuple[Slot, int, float, float]], slots: int, device: Callable[[int, int], int]
+) -> list[str]:
+    """A "group" family's wrong rows (each row of a device's result comes from the group of whichever
+    device the routing says, or is the caller's buffer): runs of rows, per device, that hold one
+    device's group where another's (or the untouched buffer) belongs."""
+    per_slot: dict[Slot, list[tuple[int, float, float]]] = {}
+    for slot, i, got, want in wrong_rows:
+        per_slot.setdefault(slot, []).append((i, got, want))
+
+    def named(tag: float, slot: Slot) -> str:
+        if tag != tag:
+            return "mixed values"
+        if tag == 0:
+            return "the caller's output (no group)"
+        if tag == int(tag) and 1 <= tag <= slots:
+            return f"device {device(slot.device, int(tag) - 1)}'s group"
+        return f"{tag:g}"
+
+    lines = [f"block map      : {head}: rows of {len(per_slot)} of {slots} devices' results are wrong"]
+    for slot in sorted(per_slot, key=lambda s: s.device)[:MAX_NAMED]:
+        runs: list[tuple[int, int, float, float]] = []  # (first row, last row, got, want)
+        for i, got, want in sorted(per_slot[slot], key=lambda r: r[0]):
+            last = runs[-1] if runs else None
+            if last and last[1] == i - 1 and _same(last[2], got) and _same(last[3], want):
+                runs[-1] = (last[0], i, got, want)
+            else:
+                runs.append((i, i, got, want))
+        first = slot.rows[0]
+        said = [
+            f"rows {first + a}:{first + b + 1} hold {named(g, slot)} where {named(w, slot)} belongs"
+            if b > a
+            else f"row {first + a} holds {named(g, slot)} where {named(w, slot)} belongs"
+            for a, b, g, w in runs[:MAX_NAMED]
+        ]
+        more = f"; and {len(runs) - MAX_NAMED} more runs of rows" if len(runs) > MAX_NAMED else ""
+        lines.append(f"  on device {slot.device}: " + "; ".join(said) + more)
+    if len(per_slot) > MAX_NAMED:
+        lines.append(f"  ... and {len(per_slot) - MAX_NAMED} more devices")
+    return lines
+
+
+def _same(a: float, b: float) -> bool:
+    """Equal, NaN (a mixed row) equal to NaN."""
+    return a == b or (a != a and b != b)
 
 
 def _step(position: int, source: int, n: int) -> str:

@@ -7,7 +7,10 @@ the compiler compiles it, or when the kernel itself refuses the ring before any 
 naming the limit (a :class:`~conformance.targets.mosaic.TpuConstraintError` raised while tracing, as
 :func:`conformance.refuse_on_tpu` raises). Anything else that stops the compile (a
 Pallas kernel out of semaphores, "Ran out of memory in memory space sflag", a program too large)
-fails, quoting the compiler: on a pod the user would meet it first.
+fails, quoting the compiler: on a pod the user would meet it first. Where the compiler refuses the
+family's baseline, XLA's own op (libtpu's ragged-all-to-all "is currently not supported in limited ICI
+routing settings", on v5e slices of 64 and 256 chips), that is what the platform lacks, not a kernel's
+defect: not judged, quoting the compiler, and the table says REFUSED.
 """
 
 from __future__ import annotations
@@ -82,6 +85,12 @@ def check_tpu_pod(case: Case) -> TpuPodRecord:
             return record(None, f"{type(refusal).__name__}: {refusal}")
         except tpu_compiler.CompilerRefusal as refusal:
             record(None, None)
+            if case.implementation.baseline:  # XLA's own op: what the platform lacks, no kernel's defect
+                raise NotJudged(
+                    f"XLA's own op does not compile on {chips} chips ({topology}): {refusal} "
+                    f"({tpu_compiler.judge(topology)}); a kernel of the family that compiles there does "
+                    "what the compiler cannot"
+                ) from refusal
             raise fail(
                 case,
                 "tpu_pod",

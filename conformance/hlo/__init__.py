@@ -17,7 +17,9 @@ Bytes received per device follow the usual algorithm-independent accounting:
 * collective-permute: the operand, on every device that is a target;
 * all-gather: ``result - operand`` (everything but one's own piece);
 * reduce-scatter and all-to-all: ``(g-1)/g`` of the operand, for group size g;
-* all-reduce: ``2 (g-1)/g`` of the operand (reduce-scatter then all-gather).
+* all-reduce: ``2 (g-1)/g`` of the operand (reduce-scatter then all-gather);
+* ragged-all-to-all: how many rows arrive is data, so its bound: the whole output buffer (its
+  result), which the senders may fill.
 
 Replica groups come in every form the supported XLAs print, each expanded to
 explicit device-id groups: the list ``{{0,1},{2,3}}``, the iota form

@@ -119,6 +119,9 @@ class CollectiveOp:
             data = self.operand_shapes[:1] if self.phase == "start" else self.operand_shapes
             return sum(s.nbytes for s in data)
         g = self.group_size
+        if self.kind == "ragged-all-to-all":
+            # how many rows arrive is data; at most the output buffer (its result) is written by others
+            return sum(s.nbytes for s in self.result_shapes) if g != 1 else 0
         if self.kind == "all-gather":
             if g:
                 return self.operand_bytes * (g - 1)

@@ -34,6 +34,7 @@ from conformance.selftest import (
     broken_mesh_kernels,
     broken_overlap_kernels,
     broken_pallas_kernels,
+    broken_ragged_kernels,
     broken_reduction_kernels,
     other_style_kernels,
     suite_command,
@@ -53,6 +54,7 @@ BROKEN = (
     broken_batch_kernels,
     broken_reduction_kernels,
     broken_direction_kernels,
+    broken_ragged_kernels,
 )
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}

@@ -28,11 +28,23 @@ def partial_itemsize(itemsize: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Operand:
-    """One input of the family's signature: its name, sharding and global shape."""
+    """One input of the family's signature: its name, sharding and global shape; an operand that is
+    not data (a ragged all-to-all's offsets and sizes) also fixes its dtype and its values."""
 
     name: str
     spec: Callable[[str], P]  #: axis_name -> PartitionSpec
     shape: Callable[[Dims, int], tuple[int, ...]]  #: (dims, axis size) -> global shape
+    #: The operand's own dtype name (e.g. ``"int32"``); ``None``: the case's dtype, as data is.
+    dtype: str | None = None
+    #: (dims, axis size) -> the operand's global values, the same in every run of a case's dims;
+    #: ``None``: drawn at random in the operand's dtype, as data is.
+    values: Callable[[Dims, int], np.ndarray] | None = None
+
+    @property
+    def is_data(self) -> bool:
+        """Whether the operand holds the data the family moves (its dtype is the case's, its values
+        drawn): what checks perturb, tag and differentiate."""
+        return self.dtype is None and self.values is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +55,20 @@ class BadInput:
     shapes: tuple[tuple[int, ...], ...]  #: global operand shapes (placed replicated)
     axis_name: str | None  #: ``None``: the mesh config's axis
     must_mention: tuple[str, ...]  #: substrings the error message must contain
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownMistake:
+    """A way kernels of a family are known to get it wrong, as the result it gives: a wrong result that
+    matches it is named by it (the values check's explanation)."""
+
+    #: What the kernel does, completing "the result is exactly what ... gives".
+    description: str
+    #: (float64 inputs..., axis_size=) -> the float64 result of the mistake.
+    reference: Callable[..., np.ndarray]
+
+    def result(self, inputs64: tuple[np.ndarray, ...], *, axis_size: int) -> np.ndarray:
+        return self.reference(*inputs64, axis_size=axis_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +139,8 @@ class FamilySpec:
     byte_bound_text: str = ""
 
     # -- autodiff: what ``jax.vjp`` of an implementation that declares itself differentiable must give
-    #: (float64 inputs..., float64 cotangent) -> the float64 gradient of each operand.
+    #: (float64 inputs..., float64 cotangent) -> the float64 gradient of each data operand
+    #: (:attr:`Operand.is_data`; offsets and sizes have none).
     vjp_reference: Callable[..., tuple[np.ndarray, ...]] | None = None
     #: (float64 inputs..., float64 cotangent, dtype) -> elementwise tolerance of each gradient.
     vjp_tolerance: Callable[..., tuple[np.ndarray, ...]] | None = None
@@ -159,9 +186,14 @@ class FamilySpec:
         Callable[[tuple[tuple[int, ...], ...], int, tuple[int, ...]], tuple[np.ndarray, ...]] | None
     ) = None
     #: What a ring position contributes to the result, in failure text: a "block" (each row of the
-    #: result comes from one position: every position is tagged in one run) or a "partial" (each row
-    #: sums every position's: one run per position).
+    #: result comes from one position, the result's row block ``r`` from position ``r``: every position
+    #: is tagged in one run), a "group" (each row comes from one position, or none, as the case's
+    #: routing says: one run, rows named one by one) or a "partial" (each row sums every position's:
+    #: one run per position).
     block_unit: str = "block"
+    #: Ways kernels of the family are known to go wrong, each as the result it gives: a wrong result
+    #: that matches one is named by it.
+    known_mistakes: tuple[KnownMistake, ...] = ()
 
     # -- reductions other than the family's own (:mod:`conformance.checks.reductions`)
     #: The reductions a kernel may declare beside the family's default (registration option
