@@ -143,7 +143,9 @@ def broken_ragged_bidirectional_ring_skips_a_peer_on_odd_rings(*operands, mesh, 
     return per_device(body, mesh, axis_name, operands)
 
 
-def _exchanged_with_a_local_backward(x, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name):
+def _exchanged_with_a_local_backward(
+    x, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name
+):
     from conformance.kernels.ragged_all_to_all.dense import exchanged
 
     return exchanged(x, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name=axis_name)
@@ -175,7 +177,9 @@ _exchanged_with_a_local_backward.defvjp(_forward, _backward)
 
 
 @conformance.register(
-    "ragged_all_to_all", name="broken_ragged_backward_returns_cotangents_in_dispatch_order", differentiable=True
+    "ragged_all_to_all",
+    name="broken_ragged_backward_returns_cotangents_in_dispatch_order",
+    differentiable=True,
 )
 def broken_ragged_backward_returns_cotangents_in_dispatch_order(*operands, mesh, axis_name):
     """The dense form, right forward, with a hand-written backward that reads each group's cotangent
