@@ -72,9 +72,11 @@ def size_ladder(spec: str) -> list[int]:
 def dims_for(family: str, impl: str, shard_bytes: int, itemsize: int = 4) -> dict[str, int]:
     """The family's dims for a device's input shard of about ``shard_bytes``: its first dim (the rows
     of the shard) filling what 128 of each other dim leaves (lanes 128 wide, a matmul's other dims
-    128 too; a batched kernel's batch 1)."""
+    128 too; a batched kernel's batch 1), or what the spec's ``bench_dims`` makes of those rows."""
     rows = max(1, shard_bytes // (128 * itemsize))
     spec = registry.spec_of(family, impl)
+    if spec.bench_dims is not None:
+        return dict(spec.bench_dims(rows))
     dims = [name for name in spec.dims if name != BATCH_DIM]
     return {
         **({BATCH_DIM: 1} if BATCH_DIM in spec.dims else {}),

@@ -204,6 +204,11 @@ class FamilySpec:
     #: Keywords this family's implementations may pass to ``conformance.register``.
     registration_options: Mapping[str, RegistrationOption] = dataclasses.field(default_factory=dict)
 
+    #: The dims of a benchmark case whose device shard has ``rows`` rows of 128 lanes (``None``: the
+    #: first dim ``rows``, every other 128: :func:`conformance.reports.bench.dims_for`), for a family
+    #: whose other dims are not sizes (a ragged all-to-all's routing).
+    bench_dims: Callable[[int], Mapping[str, int]] | None = None
+
     #: The values hypothesis draws each dim from, and that the TPU layout audit moves each dim of
     #: the TPU-native dims to; a dim not listed draws from :data:`DEFAULT_DIM_VALUES`.
     dim_values: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)

@@ -340,6 +340,8 @@ RAGGED_ALL_TO_ALL = FamilySpec(
     backward_byte_bound_text="the transposed exchange: at most a group's worth of cotangent rows, min(R, S), "
     "from each of the n-1 others, and their offsets and sizes",
     block_tags=_block_tags,
+    # a benchmark's device holds `rows` rows and as large an output, routed unevenly
+    bench_dims=lambda rows: {"rows_per_shard": rows, "out_rows_per_shard": rows, "cols": 128, "routing": 0},
     block_unit="group",
     known_mistakes=KNOWN_MISTAKES,
 )
