@@ -13,7 +13,7 @@ from jax import lax
 import conformance
 from conformance.kernels.ragged_all_to_all._common import per_device, validate
 from conformance.kernels.ragged_all_to_all.dense import packed_groups, written
-from conformance.kernels.ragged_all_to_all.ring import group_for
+from conformance.kernels.ragged_all_to_all.ring import group_for, shifted
 
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_ragged_offsets_read_on_the_receivers_side": "test_values",
@@ -121,24 +121,12 @@ def broken_ragged_bidirectional_ring_skips_a_peer_on_odd_rings(*operands, mesh, 
     counter-clockwise, over ``range(1, n // 2)`` steps. On an even ring that reaches every peer; on an
     odd one the counter-clockwise side stops a step short, and the group for the peer ``(n + 1) // 2``
     steps ahead is never sent."""
-    name = "broken_ragged_bidirectional_ring_skips_a_peer_on_odd_rings"
-    validate(name, operands, mesh, axis_name)
+    validate("broken_ragged_bidirectional_ring_skips_a_peer_on_odd_rings", operands, mesh, axis_name)
+    n = mesh.shape[axis_name]
+    shifts = dict.fromkeys([0, *range(1, n // 2 + 1), *(n - k for k in range(1, n // 2))])
 
-    def body(x, output, input_offsets, send_sizes, output_offsets, recv_sizes):
-        n = send_sizes.shape[0]
-        me = lax.axis_index(axis_name)
-        capacity = min(x.shape[0], output.shape[0])
-        shifts = [0, *range(1, n // 2 + 1), *(n - k for k in range(1, n // 2))]
-        result = output
-        for k in dict.fromkeys(shifts):
-            peer = (me + k) % n
-            group = group_for(x, input_offsets[peer], send_sizes[peer], capacity)
-            where = jnp.stack([output_offsets[peer], send_sizes[peer]])
-            if k:
-                perm = [(i, (i + k) % n) for i in range(n)]
-                group, where = lax.ppermute(group, axis_name, perm), lax.ppermute(where, axis_name, perm)
-            result = written(result, group[None], where[:1], where[1:])
-        return result
+    def body(*blocks):
+        return shifted(*blocks, axis_name=axis_name, shifts=tuple(shifts))
 
     return per_device(body, mesh, axis_name, operands)
 

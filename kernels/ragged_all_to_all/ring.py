@@ -19,6 +19,8 @@ the 255 steps to 219 MiB of code in 32 s).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -49,14 +51,15 @@ def shifted(
     recv_sizes: jax.Array,
     *,
     axis_name: str,
+    shifts: Sequence[int] | None = None,
 ) -> jax.Array:
     """One device's part (the module doc's algorithm); ``recv_sizes`` is not read: each group comes
-    with its size."""
+    with its size. ``shifts``: the ring shifts it visits, in order (default: 0 .. n-1, every peer)."""
     n = send_sizes.shape[0]
     me = lax.axis_index(axis_name)
     capacity = min(x.shape[0], output.shape[0])
     result = output
-    for k in range(n):
+    for k in range(n) if shifts is None else shifts:
         peer = (me + k) % n
         # one step in flight: this step's group is cut (and leaves) once the last one is written
         rows, result = lax.optimization_barrier((x, result)) if k > 1 else (x, result)
