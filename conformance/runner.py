@@ -111,12 +111,24 @@ class Case:
         except ValueError as e:
             expected = "MESH:DIM=V,...:DTYPE:seed=S[:dma=MODE]"
             raise ValueError(f"bad case token {token!r}; expected {expected}") from e
-        known = registry.spec_of(family, impl).dtypes
-        if dtype not in known:
+        spec = registry.spec_of(family, impl)
+        if dtype not in spec.dtypes:
+            known = spec.dtypes
             raise ValueError(f"bad case token {token!r}: dtype {dtype!r} is not one of {family}'s {known}")
-        return cls.make(
+        if set(dims) != set(spec.dims):
+            raise ValueError(f"bad case token {token!r}: {family}'s dims are {', '.join(spec.dims)}")
+        case = cls.make(
             family, impl, parse_mesh(mesh_label), dims, dtype, platform=platform, seed=seed, dma_mode=dma_mode
         )
+        # A dim the spec reads as a choice (a ragged all-to-all's routing) is the user's to get right: an
+        # operand the spec lays out from the dims is laid out here, before any kernel is blamed for it.
+        for op in spec.operands:
+            if op.values is not None:
+                try:
+                    op.values(case.dims_map, case.mesh.axis_size)
+                except ValueError as e:
+                    raise ValueError(f"bad case token {token!r}: {e}") from None
+        return case
 
     def size_key(self) -> tuple[int, int, int, str]:
         """Order of "smaller" (the failure summary's smallest case): fewer devices, then fewer

@@ -449,6 +449,20 @@ BAD_COMMANDS = {
         ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("float32", "float33")),
         "dtype 'float33' is not one of all_gather's",
     ),
+    "a dim the family does not have": (
+        ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("cols", "columns")),
+        "all_gather's dims are rows_per_shard, cols",
+    ),
+    "a ragged all-to-all routing out of range": (
+        (
+            "replay",
+            "values",
+            "ragged_all_to_all",
+            "dense_ragged_all_to_all",
+            "4-x-explicit:rows_per_shard=7,out_rows_per_shard=9,cols=8,routing=9:float32:seed=0",
+        ),
+        "routing=9 is not one of 0..4",
+    ),
     "a misspelt mesh": (
         ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("auto", "atuo")),
         "cannot replay: bad mesh label '2-x-atuo'",
