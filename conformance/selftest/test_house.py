@@ -421,3 +421,26 @@ def test_a_new_check_is_one_module(tmp_path) -> None:
     again = subprocess.run(replay.split(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1, again.stdout[-2000:] + again.stderr[-2000:]
     assert "FAILED finite" in again.stdout
+
+
+def test_the_wheel_ships_every_package_of_the_tree() -> None:
+    """``pyproject.toml`` lists the packages a wheel holds; a package directory it misses is silently
+    absent from a non-editable install (its kernels never register), while an editable one, as tox's
+    envs use, still finds it on disk."""
+    import tomllib
+
+    root = Path(conformance.__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").is_file():
+        pytest.skip(f"the suite is installed, not a source tree ({root} has no pyproject.toml)")
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    listed = set(config["packages"])
+    dirs = {name: root / where for name, where in config.get("package-dir", {}).items()}
+    dirs.setdefault("conformance", root / "conformance")
+    in_tree = set()
+    for name, where in dirs.items():
+        for init in where.rglob("__init__.py"):
+            relative = init.parent.relative_to(where)
+            if "__pycache__" not in relative.parts:
+                in_tree.add(".".join([name, *relative.parts]))
+    missing = sorted(in_tree - listed)
+    assert not missing, f"pyproject.toml's [tool.setuptools] packages leave out {missing}: no wheel has them"
