@@ -125,7 +125,8 @@ def case_for(axes: Axes, family: str, implementation: str, params: dict) -> Case
     """The case a test with ``axes`` checks, from its parameters (``data`` for a drawn case)."""
     platform, mesh = params.get("platform", "cpu"), params["mesh_config"]
     if axes.case in ("drawn", "drawn_gradients"):
-        among = MESH_SETS[axes.meshes] if isinstance(axes.meshes, str) else axes.meshes
+        named = axes.meshes_for(registry.get(family, implementation))
+        among = MESH_SETS[named] if isinstance(named, str) else named
         draw = strategies.draw_number(mesh.label, among=among)
         dtypes = specs.get(family).gradient_dtypes if axes.case == "drawn_gradients" else None
         case = strategies.draw_case(

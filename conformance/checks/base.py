@@ -174,6 +174,10 @@ class Axes:
     #: even shape, the eager DMA order) does not turn on the mesh's kind, and each is a compile and
     #: a run per mesh.
     variants_on: str = "covering"
+    #: For a Pallas TPU kernel (``pallas``), the named set its test runs on instead of :attr:`meshes`
+    #: (``None``: the same): on CPU such a kernel runs in TPU interpret mode at 1-3 s a call, and a set
+    #: of every ring length and mesh kind (``"interpreted"``) meets what its remote DMAs can get wrong.
+    interpreted_meshes: str | None = None
     #: The shortest ring the check judges: a check of transfers has none to judge on a ring of one,
     #: so its test is not parametrized there.
     min_ring: int = 1
@@ -181,7 +185,7 @@ class Axes:
     def __post_init__(self) -> None:
         from conformance.fixtures.meshes import MESH_SETS
 
-        for name in (self.meshes, self.variants_on):
+        for name in (self.meshes, self.variants_on, self.interpreted_meshes):
             if isinstance(name, str) and name not in MESH_SETS:
                 raise ValueError(f"Axes: mesh set {name!r} is not one of {sorted(MESH_SETS)}")
         if self.case not in CASE_KINDS:
@@ -189,6 +193,12 @@ class Axes:
         unknown = set(self.implementations) - set(IMPLEMENTATION_PREDICATES)
         if unknown:
             raise ValueError(f"Axes.implementations: {sorted(unknown)} not in {IMPLEMENTATION_PREDICATES}")
+
+    def meshes_for(self, implementation: Any) -> str | tuple[str, ...]:
+        """The meshes :attr:`meshes` names, or :attr:`interpreted_meshes` for a Pallas kernel."""
+        if self.interpreted_meshes and getattr(implementation, "pallas", False):
+            return self.interpreted_meshes
+        return self.meshes
 
     def selects(self, implementation: Any) -> bool:
         """Whether ``implementation`` (a registry record) meets :attr:`implementations`."""

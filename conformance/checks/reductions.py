@@ -78,10 +78,13 @@ CHECKS = (
         "other_reductions",
         check_other_reductions,
         concern="result",
-        # what a min or max gets wrong (a zero start, a combine left as an addition) turns on the ring's
-        # kind: the covering meshes, at the odd fixed shape (both halves of a bidirectional ring carry rows)
+        # what a min or max gets wrong (a zero start, a combine left as an addition, a ring of one that
+        # returns its input unreduced) turns on the reduction as a dtype does, and on the ring's loop: a
+        # ring of one, an odd ring and the longest, at the odd fixed shape (both halves of a bidirectional
+        # ring carry rows); where a neighbour's partial lands on a 2-D or 3-D mesh is the sum's, which the
+        # values check draws on every mesh
         axes=Axes(
-            meshes="covering",
+            meshes="loop_lengths",
             implementations=("other_reductions",),
             families_with="other_reductions",
         ),

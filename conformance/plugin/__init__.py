@@ -236,13 +236,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("conformance_axes")
     axes = marker.args[0] if marker is not None else Axes()  # a family module's own test: no filter
     family = metafunc.module.FAMILY
+    joint = False
     if "implementation" in names:
         impls = registry.registered(family, metafunc.config.getoption("impl"))
         if axes.families_with and not getattr(specs.get(family), axes.families_with):
             impls = []  # deselected: the family has nothing this test judges
         impls = [i for i in impls if axes.selects(i)]
-        metafunc.parametrize("implementation", [i.name for i in impls])
-    if "mesh_config" in names:
+        joint = bool("mesh_config" in names and axes.interpreted_meshes and impls)
+        if joint:  # each implementation on its own meshes
+            mesh_options.parametrize_meshes(metafunc, axes, implementations=impls)
+        else:
+            metafunc.parametrize("implementation", [i.name for i in impls])
+    if "mesh_config" in names and not joint:
         mesh_options.parametrize_meshes(metafunc, axes)
     else:
         if "dma_mode" in names:

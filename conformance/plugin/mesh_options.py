@@ -80,30 +80,51 @@ def _devices_for_meshes(config: pytest.Config) -> tuple[int | None, str]:
 _VARIANTS = (("dma_mode", ("on_wait", "eager")), ("shape", FIXED_SHAPES))
 
 
-def parametrize_meshes(metafunc: pytest.Metafunc, axes: Axes) -> None:
+def parametrize_meshes(metafunc: pytest.Metafunc, axes: Axes, *, implementations: list | None = None) -> None:
     """``mesh_config`` (with ``dma_mode`` and ``shape`` where the test takes them) over the test's
     meshes: its named set, or the ones ``--meshes`` names instead, or its own; the first variant on
-    every one of them, the other variants on :attr:`Axes.variants_on`'s meshes of them."""
-    if isinstance(axes.meshes, str):
-        configs = pytest_fixtures.mesh_set(metafunc.config, axes.meshes)
-        second = {c.label for c in pytest_fixtures.mesh_set(metafunc.config, axes.variants_on)}
-    else:  # a check's own meshes (the compile tiers' rings): --meshes leaves them alone
-        configs = tuple(map(meshes.parse_mesh, axes.meshes))
-        second = {c.label for c in configs}
-    configs = tuple(c for c in configs if c.axis_size >= axes.min_ring)
+    every one of them, the other variants on :attr:`Axes.variants_on`'s meshes of them.
+
+    With ``implementations`` (registry records), ``implementation`` is parametrized with them, each on
+    its own meshes (:meth:`Axes.meshes_for`: a Pallas kernel's interpreted set where the test has one)."""
     taken = [(name, values) for name, values in _VARIANTS if name in metafunc.fixturenames]
     combos = list(itertools.product(*(values for _, values in taken)))
-    params = [
-        (config, *combo)
-        for config in configs
-        for i, combo in enumerate(combos)
-        if i == 0 or config.label in second
-    ]
     names = ["mesh_config", *(name for name, _ in taken)]
+    if implementations is None:
+        params = _mesh_params(metafunc.config, axes, axes.meshes, combos)
+    else:
+        names = ["implementation", *names]
+        params = [
+            (impl.name, *row)
+            for impl in implementations
+            for row in _mesh_params(metafunc.config, axes, axes.meshes_for(impl), combos)
+        ]
     if not params:  # pytest would make a case of a NOTSET mesh; say instead why none runs
         why = f"a ring of {axes.min_ring} or more devices" if axes.min_ring > 1 else "a mesh"
         reason = f"none of the meshes this run takes (--meshes) has {why}, which this check needs"
-        blank = pytest.param(None, *combos[0], marks=pytest.mark.skip(reason=reason), id="no-mesh")
-        metafunc.parametrize(names, [blank])
+        blank = [None] * (len(names) - len(combos[0])) + list(combos[0])
+        skip = pytest.mark.skip(reason=reason)
+        metafunc.parametrize(names, [pytest.param(*blank, marks=skip, id="no-mesh")])
         return
-    metafunc.parametrize(names, params, ids=["-".join([config.label, *combo]) for config, *combo in params])
+    ids = ["-".join(str(getattr(p, "label", p)) for p in row) for row in params]
+    metafunc.parametrize(names, params, ids=ids)
+
+
+def _mesh_params(
+    config: pytest.Config, axes: Axes, mesh_names: str | tuple[str, ...], combos: list[tuple]
+) -> list[tuple]:
+    """(mesh, *variant) rows: the first variant on each of the meshes, the others on the
+    :attr:`Axes.variants_on` meshes among them."""
+    if isinstance(mesh_names, str):
+        configs = pytest_fixtures.mesh_set(config, mesh_names)
+        second = {c.label for c in pytest_fixtures.mesh_set(config, axes.variants_on)}
+    else:  # a check's own meshes (the compile tiers' rings): --meshes leaves them alone
+        configs = tuple(map(meshes.parse_mesh, mesh_names))
+        second = {c.label for c in configs}
+    return [
+        (config, *combo)
+        for config in configs
+        if config.axis_size >= axes.min_ring
+        for i, combo in enumerate(combos)
+        if i == 0 or config.label in second
+    ]

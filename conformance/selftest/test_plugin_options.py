@@ -20,7 +20,7 @@ from conformance import claims, registry
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
-from conformance.fixtures.meshes import STANDARD_MESHES, parse_mesh
+from conformance.fixtures.meshes import INTERPRETED_MESHES, STANDARD_MESHES, parse_mesh
 from conformance.plugin import command_options, kernel_modules
 from conformance.selftest import job_command, subprocess_env, suite_command
 from conformance.targets import gpu_compiler, tpu_compiler
@@ -212,6 +212,30 @@ def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tm
     for mesh in wanted:  # every dtype and both fixed shapes on each mesh named, as on a covering mesh
         assert any(f"test_dtype[opt_gather-{mesh}-int32" in t for t in kept), mesh
         assert any(f"test_output_sharding[opt_gather-{mesh}-even" in t for t in kept), mesh
+
+
+def test_a_pallas_kernel_draws_its_values_on_the_interpreted_meshes(tmp_path: Path) -> None:
+    """The values check runs a ``shard_map`` kernel on every standard mesh and a Pallas TPU kernel (TPU
+    interpret mode on CPU) on the interpreted ones; ``--meshes`` replaces both sets alike."""
+    impls = "--impl=opt_gather,pallas_ring_all_gather_bidirectional"
+
+    def meshes_by_impl(*extra: str) -> dict[str, set[str]]:
+        done = _pytest(tmp_path, "-m", "cpu", impls, "-k", "test_values[", *extra, "--collect-only")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        found: dict[str, set[str]] = {}
+        for line in done.stdout.splitlines():
+            if "::test_values[" in line:
+                impl, _, rest = line.split("[", 1)[1].partition("-")
+                found.setdefault(impl, set()).add(rest.removesuffix("]").removesuffix("-cpu"))
+        return found
+
+    assert meshes_by_impl() == {
+        "opt_gather": set(STANDARD_MESHES),
+        "pallas_ring_all_gather_bidirectional": set(INTERPRETED_MESHES),
+    }
+    named = meshes_by_impl("--meshes=3-x-auto,2x2x2-y-auto")
+    wanted = {"3-x-auto", "2x2x2-y-auto"}
+    assert named == {"opt_gather": wanted, "pallas_ring_all_gather_bidirectional": wanted}
 
 
 def test_meshes_of_rings_of_one_skip_the_checks_that_need_a_longer_ring_saying_so(tmp_path: Path) -> None:

@@ -14,27 +14,29 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import family_tests, registry, specs, strategies
+from conformance.checks import CHECKS
 from conformance.checks.base import Axes
-from conformance.fixtures.meshes import COVERING_MESHES, STANDARD_MESHES, MeshConfig, parse_mesh
+from conformance.fixtures.meshes import COVERING_MESHES, MESH_SETS, STANDARD_MESHES, MeshConfig, parse_mesh
 from conformance.runner import DMA_MODES, Case
 
 pytestmark = pytest.mark.selftest
 
 STANDARD = [parse_mesh(label) for label in STANDARD_MESHES]
-#: The meshes each drawn check runs on (its Axes).
-MESHES = {"drawn": "standard", "drawn_gradients": "covering"}
+#: The drawn check of each kind of draw; its Axes name the meshes it runs on.
+CHECK_OF = {"drawn": "values", "drawn_gradients": "gradients"}
 
 
 def first_draws(family: str, impl: str, case_kind: str) -> list[Case]:
-    """The case each mesh of the check's set draws first under the suite's profile (all of them, in
-    the CI profile's one example per mesh)."""
-    labels = STANDARD_MESHES if MESHES[case_kind] == "standard" else COVERING_MESHES
-    return [_first_draw(family, impl, case_kind, parse_mesh(label)) for label in labels]
+    """The case each mesh of the check's set (for this implementation) draws first under the suite's
+    profile (all of them, in the CI profile's one example per mesh)."""
+    axes = CHECKS[CHECK_OF[case_kind]].axes
+    assert axes.case == case_kind
+    labels = MESH_SETS[axes.meshes_for(registry.get(family, impl))]
+    return [_first_draw(family, impl, axes, parse_mesh(label)) for label in labels]
 
 
-def _first_draw(family: str, impl: str, case_kind: str, mesh: MeshConfig) -> Case:
+def _first_draw(family: str, impl: str, axes: Axes, mesh: MeshConfig) -> Case:
     cases: list[Case] = []
-    axes = Axes(case=case_kind, meshes=MESHES[case_kind])
 
     @family_tests.PER_MESH
     @given(data=st.data())
