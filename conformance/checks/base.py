@@ -174,9 +174,7 @@ class Axes:
     #: even shape, the eager DMA order) does not turn on the mesh's kind, and each is a compile and
     #: a run per mesh.
     variants_on: str = "covering"
-    #: For a Pallas TPU kernel (``pallas``), the named set its test runs on instead of :attr:`meshes`
-    #: (``None``: the same): on CPU such a kernel runs in TPU interpret mode at 1-3 s a call, and a set
-    #: of every ring length and mesh kind (``"interpreted"``) meets what its remote DMAs can get wrong.
+    #: A Pallas TPU kernel's named set instead of :attr:`meshes` (interpreted on CPU at 1-3 s a call).
     interpreted_meshes: str | None = None
     #: The shortest ring the check judges: a check of transfers has none to judge on a ring of one,
     #: so its test is not parametrized there.
@@ -196,9 +194,7 @@ class Axes:
 
     def meshes_for(self, implementation: Any) -> str | tuple[str, ...]:
         """The meshes :attr:`meshes` names, or :attr:`interpreted_meshes` for a Pallas kernel."""
-        if self.interpreted_meshes and getattr(implementation, "pallas", False):
-            return self.interpreted_meshes
-        return self.meshes
+        return (getattr(implementation, "pallas", False) and self.interpreted_meshes) or self.meshes
 
     def selects(self, implementation: Any) -> bool:
         """Whether ``implementation`` (a registry record) meets :attr:`implementations`."""
