@@ -247,8 +247,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             mesh_options.parametrize_meshes(metafunc, axes, implementations=impls)
         else:
             metafunc.parametrize("implementation", [i.name for i in impls])
-    if "mesh_config" in names and not joint:
-        mesh_options.parametrize_meshes(metafunc, axes)
+    if "mesh_config" in names:
+        if not joint:  # (a joint parametrization took the meshes and their variants already)
+            mesh_options.parametrize_meshes(metafunc, axes)
     else:
         if "dma_mode" in names:
             metafunc.parametrize("dma_mode", runner.DMA_MODES)
