@@ -352,9 +352,21 @@ def registered(family: str, pattern: str | None = None) -> list[Implementation]:
 
 
 def reference_baseline(family: str) -> Implementation | None:
-    """The family's baseline written as its math (``baseline=True``, not the compiler's own form):
+    """The family's baseline written as its math (``baseline=True``, not the compiler's own form) in
+    the family's own form (a baseline of a derived form, e.g. XLA's reduce-scatter along the partials'
+    columns, is exempt from the rules as XLA's own op but is not the one others are held against):
     what accuracy and memory are held against; ``None`` if none is registered."""
-    return next((i for i in registered(family) if i.baseline and not i.compilers_own), None)
+    from conformance import specs
+
+    family_form = specs.get(family)
+    return next(
+        (
+            i
+            for i in registered(family)
+            if i.baseline and not i.compilers_own and spec_of(family, i.name) is family_form
+        ),
+        None,
+    )
 
 
 def compilers_own(family: str) -> Implementation | None:
@@ -385,22 +397,32 @@ class NotRegistered(KeyError):
 
 
 def spec_of(family: str, impl: str) -> Any:
-    """The spec ``impl``'s cases are held to: its family's, or the family's batched form
-    (:meth:`conformance.specs.FamilySpec.batched`) for a kernel registered with ``batch_dims=1``; the
-    family's for a name no module registered (a replay's, a report's)."""
+    """The spec ``impl``'s cases are held to: its family's, or the form its registration options derive
+    from it (:attr:`conformance.specs.base.RegistrationOption.derive`: the batched form for
+    ``batch_dims=1``, the transposed one for a reduce-scatter's ``scatter_dimension=1``); the family's
+    for a name no module registered (a replay's, a report's)."""
     from conformance import specs
 
     spec = specs.get(family)
     record = _REGISTRY.get(family, {}).get(impl)
-    if record is None or not record.options.get("batch_dims", 0):
+    if record is None:
         return spec
-    return _batched(family, id(spec))
+    declared = getattr(spec, "registration_options", {})
+    derived = tuple(
+        (key, value)
+        for key, value in record.options.items()
+        if declared[key].derive is not None and value != declared[key].default
+    )
+    return _derived(family, id(spec), derived) if derived else spec
 
 
 @functools.lru_cache(maxsize=16)
-def _batched(family: str, spec_id: int) -> Any:
-    """The batched form of the family's spec (``spec_id``: the spec's identity, so that a family
-    added again is derived again)."""
+def _derived(family: str, spec_id: int, options: tuple[tuple[str, Any], ...]) -> Any:
+    """The family's spec derived by each of ``options`` in turn (``spec_id``: the spec's identity, so
+    that a family added again is derived again)."""
     from conformance import specs
 
-    return specs.get(family).batched()
+    spec = specs.get(family)
+    for key, value in options:
+        spec = spec.registration_options[key].derive(spec, value)
+    return spec

@@ -15,15 +15,22 @@ from conformance.kernels._ring import accumulator_dtype
 from conformance.kernels._validation import axis_size, require_divisible
 
 
-def validate(name: str, x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str) -> int:
+def validate(
+    name: str, x: jax.Array, mesh: jax.sharding.Mesh, axis_name: str, *, scatter_dimension: int = 0
+) -> int:
     """Raise ``ValueError`` naming the offending values; return the axis size. ``x`` is the stacked
-    partials ``[n, M, cols]``: one ``[M, cols]`` partial per device of the axis."""
+    partials ``[n, M, cols]``: one ``[M, cols]`` partial per device of the axis (``[n, cols, M]`` for
+    a reduce-scatter along the partials' last dim, ``scatter_dimension=1``)."""
     n = axis_size(name, mesh, axis_name)
     if x.ndim != 3 or x.shape[0] != n:
+        form = "x[{n}, cols, M]" if scatter_dimension else "x[{n}, M, cols]"
         raise ValueError(
-            f"{name}: expected the partials stacked on the mesh axis, x[{n}, M, cols], got {x.shape}"
+            f"{name}: expected the partials stacked on the mesh axis, {form.format(n=n)}, got {x.shape}"
         )
-    require_divisible(name, "M (rows of each partial, scattered)", x.shape[1], n, axis_name)
+    what = "columns" if scatter_dimension else "rows"
+    require_divisible(
+        name, f"M ({what} of each partial, scattered)", x.shape[1 + scatter_dimension], n, axis_name
+    )
     return n
 
 

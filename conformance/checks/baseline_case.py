@@ -8,9 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from conformance import registry, runner, specs
+from conformance import registry, runner
 from conformance.runner import Case
-from conformance.specs.base import BATCH_DIM
 
 
 def baseline_of(family: str) -> str:
@@ -22,24 +21,25 @@ def baseline_of(family: str) -> str:
 
 def on_the_baseline(case: Case, baseline: str) -> tuple[Case, Any, Any]:
     """The baseline's case for ``case``, and how to fold ``case``'s arrays into it and its results back:
-    the same case, or for a batched kernel's (the baseline takes the 2-D form) the 2-D case with the
-    batch folded into the rows, whose dot products are the batched case's, element for element."""
+    the same case, or for a kernel of a derived form (a batched one's, a transposed one's:
+    :class:`conformance.specs.base.FormChange`) the family form's case, e.g. a batched case's 2-D case
+    with the batch folded into the rows, whose dot products are the batched case's, element for
+    element."""
     base_case = dataclasses.replace(case, impl=baseline, dma_mode=None)
-    spec, family = case.spec, specs.get(case.family)
-    if BATCH_DIM not in spec.dims or BATCH_DIM in registry.spec_of(case.family, baseline).dims:
+    form = case.spec.family_form
+    if form is None or registry.spec_of(case.family, baseline) is case.spec:
         return base_case, lambda arrays: arrays, lambda value, like: value
-    dims = family.unbatched(case.dims_map)
     base_case = Case.make(
-        case.family, baseline, case.mesh, dims, case.dtype, platform=case.platform, seed=case.seed
+        case.family,
+        baseline,
+        case.mesh,
+        form.dims(case.dims_map),
+        case.dtype,
+        platform=case.platform,
+        seed=case.seed,
     )
-    batched = [op.name in family.batched_operands for op in family.operands]
-
-    def fold(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        """The operands (and a trailing cotangent, batched like the result) in the 2-D form."""
-        flags = [*batched, True][: len(arrays)]
-        return tuple(a.reshape(-1, *a.shape[2:]) if on else a for a, on in zip(arrays, flags, strict=True))
 
     def unfold(value: object, like: np.ndarray) -> np.ndarray:
-        return runner.global_value(value).reshape(like.shape)
+        return form.unfold(runner.global_value(value), like)
 
-    return base_case, fold, unfold
+    return base_case, form.fold, unfold

@@ -19,6 +19,7 @@ its arithmetic (accumulation, a cast), not from where its blocks went.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 
 import jax
@@ -109,9 +110,29 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
     on given global inputs) on source-tagged inputs: one run with every ring position tagged (a
     "block" family), or one per position (a "partial" one); ``[]`` where the family has no tags (a
     transfer's block map) or the result has no rows, or rows that do not divide into the ring's blocks."""
+    lines = _where_blocks_landed(case, run)
+    if case.spec.block_axis == -1:  # the blocks are column blocks: said so
+        return [_ROWS.sub(r"column\1", line) for line in lines]
+    return lines
+
+
+#: The word "row" or "rows" in the block map's lines.
+_ROWS = re.compile(r"\brow(s?)\b")
+
+
+def _swapped_shape(shape: tuple) -> tuple:
+    """A shape (or an index) with its last two entries swapped."""
+    return (*shape[:-2], shape[-1], shape[-2])
+
+
+def _where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.Array]) -> list[str]:
+    """:func:`where_blocks_landed`, the blocks read along the result's rows (a form whose blocks run
+    along its columns read transposed)."""
     spec = case.spec
     n = case.mesh.axis_size
-    out_shape = tuple(case.out_shape)
+    # a form whose blocks run along the result's columns (FamilySpec.block_axis) is read transposed
+    columns = spec.block_axis == -1
+    out_shape = _swapped_shape(tuple(case.out_shape)) if columns else tuple(case.out_shape)
     if spec.block_tags is None or not out_shape[-2] or out_shape[-2] % n:
         return []
     if jax.process_count() > 1:  # a rank whose own shards are right would not join the tagged runs
@@ -142,6 +163,7 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
             )
         )
         expected = spec.expected(tagged64, axis_size=n)
+        expected = np.swapaxes(expected, -1, -2) if columns else expected
         try:
             out = run(runner.as_operands(case, tagged64))
         except Exception as e:  # the kernel's own error on these inputs: said, and the verdict stands
@@ -150,13 +172,15 @@ def where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax.
                 + error_text(e, head=2, tail=2).removeprefix(f"{type(e).__name__}: ")
             ]
         for shard in out.addressable_shards:
-            data = np.asarray(shard.data).astype(np.float64)
-            first_row = shard.index[-2].indices(out_shape[-2])[0]
-            for block, lo, hi in _slots_of(shard.index, out_shape, n):
+            data, index = np.asarray(shard.data).astype(np.float64), tuple(shard.index)
+            if columns:
+                data, index = np.swapaxes(data, -1, -2), _swapped_shape(index)
+            first_row = index[-2].indices(out_shape[-2])[0]
+            for block, lo, hi in _slots_of(index, out_shape, n):
                 dev = int(shard.device.id)
                 slot = Slot(dev, coords[dev][ring], block, (lo, hi))
                 mine = data[..., lo - first_row : hi - first_row, :]
-                theirs = expected[(*shard.index[:-2], slice(lo, hi), shard.index[-1])]
+                theirs = expected[(*index[:-2], slice(lo, hi), index[-1])]
                 got, want = _row_tags(mine), _row_tags(theirs)
                 scaled.extend(
                     (slot, i, g, w)

@@ -24,6 +24,8 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_rs_ring_of_one_returns_the_partial_widened": "test_dtype",
     "broken_ar_each_device_sums_in_its_own_order": "test_output_sharding",
     "broken_rs_max_starts_from_zero": "test_other_reductions",
+    "broken_rs_declares_columns_scatters_rows": "test_output_sharding",
+    "broken_rs_columns_skip_ring_position_one": "test_values",
     "broken_pallas_rs_writes_a_buffer_still_being_read": "test_races",
     "broken_pallas_rs_dma_before_the_barrier": "test_barrier_protocol",
     "broken_pallas_rs_leaves_a_send_unwaited": "test_races",
@@ -35,6 +37,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_rs_ring_of_one_returns_the_partial_widened": "dtype",
     "broken_ar_each_device_sums_in_its_own_order": "the replicas of one block of the result differ",
     "broken_rs_max_starts_from_zero": "reduction='max': values differ",
+    "broken_rs_declares_columns_scatters_rows": "sharding",
+    "broken_rs_columns_skip_ring_position_one": "column blocks of the result are wrong",
     "broken_pallas_rs_writes_a_buffer_still_being_read": "TPU interpret mode detected a race",
     "broken_pallas_rs_dma_before_the_barrier": "barrier",
     "broken_pallas_rs_leaves_a_send_unwaited": "a semaphore has a nonzero count at kernel exit",
@@ -219,3 +223,34 @@ def broken_rs_max_starts_from_zero(x, *, mesh, axis_name, reduction="add"):
         return acc.astype(block.dtype)
 
     return _reduce_scatter(per_device, x, mesh, axis_name)
+
+
+@conformance.register("reduce_scatter", name="broken_rs_declares_columns_scatters_rows", scatter_dimension=1)
+def broken_rs_declares_columns_scatters_rows(x, *, mesh, axis_name):
+    """Declares ``scatter_dimension=1`` and scatters the partials' rows: the global sum is right, but
+    each device holds a row block of it where the declared form puts a column block."""
+    validate("broken_rs_declares_columns_scatters_rows", x, mesh, axis_name, scatter_dimension=1)
+
+    def per_device(block):
+        partial = block[0].astype(_wide(block.dtype))
+        return lax.psum_scatter(partial, axis_name, scatter_dimension=0, tiled=True).astype(block.dtype)
+
+    return _reduce_scatter(per_device, x, mesh, axis_name)
+
+
+@conformance.register("reduce_scatter", name="broken_rs_columns_skip_ring_position_one", scatter_dimension=1)
+def broken_rs_columns_skip_ring_position_one(x, *, mesh, axis_name):
+    """A reduce-scatter along the partials' columns that leaves out ring position 1's partial (as a
+    ring whose first hop is never added): every column block lacks it, which the block map names in
+    columns."""
+    validate("broken_rs_columns_skip_ring_position_one", x, mesh, axis_name, scatter_dimension=1)
+
+    def per_device(block):
+        kept = block[0].astype(_wide(block.dtype)) * (lax.axis_index(axis_name) != 1).astype(
+            _wide(block.dtype)
+        )
+        return lax.psum_scatter(kept, axis_name, scatter_dimension=1, tiled=True).astype(block.dtype)
+
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(None, axis_name)
+    )(x)

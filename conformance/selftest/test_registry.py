@@ -51,6 +51,36 @@ def test_a_family_s_own_registration_keywords_are_its_spec_s() -> None:
     assert registry.get("send_recv", "jax_transfer_server").options["resources"] is not None
 
 
+def test_a_registration_option_that_derives_a_form_holds_the_kernel_to_it() -> None:
+    """``scatter_dimension=1`` holds a reduce-scatter to the family's transposed form (the partials
+    ``x[n, cols, M]``, the result ``[cols, M] P(None, axis)``), whose reference, block tags and forbidden
+    inputs are the family's on the swapped arrays; the family's baseline stays the one in its own form;
+    a value the option does not take is refused naming the ones it does."""
+    import numpy as np
+
+    import conformance.kernels
+    from conformance import specs
+
+    family = specs.get("reduce_scatter")
+    columns = registry.spec_of("reduce_scatter", "ring_reduce_scatter_columns_bidirectional")
+    assert columns is not family
+    assert columns is registry.spec_of("reduce_scatter", "xla_reduce_scatter_columns")
+    assert registry.spec_of("reduce_scatter", "ring_reduce_scatter_bidirectional") is family
+    assert registry.reference_baseline("reduce_scatter").name == "xla_reduce_scatter"
+    dims = {"rows_per_shard": 3, "cols": 8}
+    assert columns.operands[0].shape(dims, 4) == (4, 8, 12) and columns.out_shape(dims, 4) == (8, 12)
+    assert columns.signature("x") == "x P('x', None, None) -> P(None, 'x')"
+    x = np.random.default_rng(0).normal(size=(4, 8, 12))
+    np.testing.assert_array_equal(columns.expected((x,), axis_size=4), x.sum(0))
+    (tags,) = columns.block_tags(((4, 8, 12),), 4, (2,))
+    assert tags[2, 0].tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4] and not tags[1].any()
+    bad = columns.bad_inputs(3)[0]
+    assert bad.shapes == ((3, 8, 7),) and "7 columns" in bad.description
+    assert columns.block_axis == -1 and columns.family_form is not None
+    with pytest.raises(TypeError, match=r"scatter_dimension must be 0 or 1, got 2"):
+        conformance.register("reduce_scatter", name="selftest_scatter_dimension", scatter_dimension=2)
+
+
 def test_a_name_taken_by_another_function_is_refused() -> None:
     @conformance.register("allgather_matmul", name="selftest_duplicate_name")
     def first(lhs, rhs, *, mesh, axis_name): ...

@@ -83,6 +83,23 @@ class RegistrationOption:
     expects: str
     #: What it declares, for ``register``'s error messages and the docs.
     doc: str
+    #: (the family's spec, the value) -> the spec of a kernel registered with a value other than
+    #: ``default``: the form it is called in and held to (``None``: the option changes no form).
+    derive: Callable[[FamilySpec, object], FamilySpec] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FormChange:
+    """How a derived form of a family (:attr:`RegistrationOption.derive`: a batch dim, another scatter
+    dimension) maps onto the family's own, in which its baseline runs: the accuracy checks run the
+    baseline on a kernel's inputs so mapped, and map its results back."""
+
+    #: A case's dims -> the family form's dims.
+    dims: Callable[[Mapping[str, int]], dict[str, int]]
+    #: A case's operands (and a trailing cotangent, shaped as the result) -> the family form's.
+    fold: Callable[[tuple[np.ndarray, ...]], tuple[np.ndarray, ...]]
+    #: (a family-form result or gradient, the case-form array it stands for) -> it in the case's form.
+    unfold: Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 #: ``batch_dims``, a matmul family's registration option: how many leading batch dims a kernel's
@@ -93,6 +110,7 @@ BATCH_DIMS_OPTION = RegistrationOption(
     expects="0 or 1",
     doc="the leading batch dims the kernel takes: 0, the family's 2-D form; 1, a leading batch dim B on "
     "the batched operands and the result (lhs[B, M, K] -> out[B, M, N])",
+    derive=lambda spec, _: spec.batched(),
 )
 
 #: The fixed-shape checks' two shapes: the canonical one (an odd dim) and its even twin.
@@ -221,6 +239,12 @@ class FamilySpec:
     #: on the batched operands reshaped to 2-D (how the accuracy check runs the 2-D baseline on a
     #: batched kernel's inputs).
     batch_folds_into: str = ""
+    #: The result's dim its ring positions' blocks run along, as :attr:`block_tags` tag them (the
+    #: block map reads the result's blocks there): -2, its rows; -1, its columns (:meth:`transposed`).
+    block_axis: int = -2
+    #: How this form maps onto the family's own, in which its baseline runs; ``None``: it is the
+    #: family's own form.
+    family_form: FormChange | None = None
 
     def __post_init__(self) -> None:
         if not any(v % 2 for v in self.canonical_dims.values()):
@@ -301,6 +325,16 @@ class FamilySpec:
             raise ValueError(f"the {self.name} family has no batched form")
         return _batched(self)
 
+    def transposed(self) -> FamilySpec:
+        """The family's form with the last two dims of every operand and of the result swapped, e.g. a
+        reduce-scatter's ``x[n, cols, M] -> [cols, M] P(None, axis)``: the partials scattered along
+        their last dim (``lax.psum_scatter(..., scatter_dimension=1)``). Nothing is computed
+        differently, so the reference, tolerance, gradients and block tags are the family's on the
+        swapped arrays (swapped back), and the byte bounds are the family's."""
+        if any(not op.is_data for op in self.operands) or self.block_axis != -2:
+            raise ValueError(f"the {self.name} family has no transposed form")
+        return _transposed(self)
+
     def unbatched(self, dims: Mapping[str, int]) -> dict[str, int]:
         """The 2-D form's dims of a batched case's ``dims``: the batch folded into
         :attr:`batch_folds_into`."""
@@ -327,9 +361,13 @@ def _batched(spec: FamilySpec) -> FamilySpec:
             lambda d, n, inner=op.shape: (d[BATCH_DIM], *inner(d, n)),
         )
 
+    def fold(a: np.ndarray) -> np.ndarray:
+        """A batched array with its batch folded into its rows."""
+        return a.reshape(-1, *a.shape[2:])
+
     def rows(inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         """The batched operands with their batch folded into their rows: the 2-D form's inputs."""
-        return tuple(a.reshape(-1, *a.shape[2:]) if on else a for a, on in zip(inputs, batched, strict=True))
+        return tuple(fold(a) if on else a for a, on in zip(inputs, batched, strict=True))
 
     def batch_of(inputs: tuple[np.ndarray, ...]) -> int:
         return next(a.shape[0] for a, on in zip(inputs, batched, strict=True) if on)
@@ -391,4 +429,97 @@ def _batched(spec: FamilySpec) -> FamilySpec:
         tpu_native_dims=with_batch_dim(spec.tpu_native_dims, 2),
         schedule_ladder=tuple(with_batch_dim(rung, 1) for rung in spec.schedule_ladder),
         batched_operands=(),
+        family_form=FormChange(
+            dims=spec.unbatched,
+            fold=lambda arrays: (
+                rows(arrays) if len(arrays) == len(batched) else (*rows(arrays[:-1]), fold(arrays[-1]))
+            ),
+            unfold=lambda value, like: value.reshape(like.shape),
+        ),
+    )
+
+
+def _swap(a: np.ndarray) -> np.ndarray:
+    """``a`` with its last two dims swapped."""
+    return np.swapaxes(a, -1, -2)
+
+
+def _transposed(spec: FamilySpec) -> FamilySpec:
+    """:meth:`FamilySpec.transposed` (module doc there)."""
+
+    def swapped(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(_swap(a) for a in arrays)
+
+    def swap_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (*shape[:-2], shape[-1], shape[-2])
+
+    def swap_spec(spec_of: Callable[[str], P]) -> Callable[[str], P]:
+        def spec(a: str) -> P:
+            *lead, rows, cols = tuple(spec_of(a)) or (None, None)
+            return P(*lead, cols, rows)
+
+        return spec
+
+    def operand(op: Operand) -> Operand:
+        return Operand(op.name, swap_spec(op.spec), lambda d, n, inner=op.shape: swap_shape(inner(d, n)))
+
+    def reference(*inputs: np.ndarray, axis_size: int) -> np.ndarray:
+        return _swap(spec.expected(swapped(*inputs), axis_size=axis_size))
+
+    def tolerance(*inputs_and_dtype: object) -> np.ndarray:  # (inputs..., dtype), as the family's
+        *inputs, dtype = inputs_and_dtype
+        return _swap(spec.tolerance(*swapped(*inputs), dtype))
+
+    def of_operands_and_ct(per: Callable[..., tuple[np.ndarray, ...]] | None) -> Callable[..., tuple] | None:
+        if per is None:
+            return None
+
+        def swapped_back(*args: object) -> tuple[np.ndarray, ...]:  # (inputs..., ct[, dtype])
+            arrays = [a for a in args if isinstance(a, np.ndarray)]
+            rest = args[len(arrays) :]
+            return swapped(*per(*swapped(*arrays), *rest))
+
+        return swapped_back
+
+    def bad_inputs(n: int) -> tuple[BadInput, ...]:
+        return tuple(
+            dataclasses.replace(
+                bad,
+                description=bad.description.replace(" rows", " columns"),
+                shapes=tuple(swap_shape(s) for s in bad.shapes),
+            )
+            for bad in spec.bad_inputs(n)
+        )
+
+    def block_tags(shapes: tuple[tuple[int, ...], ...], n: int, sources: tuple[int, ...]) -> tuple:
+        return swapped(*spec.block_tags(tuple(swap_shape(s) for s in shapes), n, sources))
+
+    def other(reduce: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        return lambda *inputs: _swap(reduce(*swapped(*inputs)))
+
+    def mistake(known: KnownMistake) -> KnownMistake:
+        def result(*inputs: np.ndarray, axis_size: int) -> np.ndarray:
+            return _swap(known.reference(*swapped(*inputs), axis_size=axis_size))
+
+        return KnownMistake(known.description, result)
+
+    out_spec = swap_spec(spec.out_spec)
+    return dataclasses.replace(
+        spec,
+        summary=f"{spec.summary}; every operand and the result with its last two dims swapped",
+        operands=tuple(operand(op) for op in spec.operands),
+        out_spec=out_spec,
+        out_shape=lambda d, n: swap_shape(spec.out_shape(d, n)),
+        reference=reference,
+        tolerance=tolerance,
+        bad_inputs=bad_inputs,
+        vjp_reference=of_operands_and_ct(spec.vjp_reference),
+        vjp_tolerance=of_operands_and_ct(spec.vjp_tolerance),
+        block_tags=None if spec.block_tags is None else block_tags,
+        block_axis=-1,
+        other_reductions={name: other(f) for name, f in spec.other_reductions.items()},
+        known_mistakes=tuple(mistake(k) for k in spec.known_mistakes),
+        family_form=FormChange(
+            dims=dict, fold=lambda arrays: swapped(*arrays), unfold=lambda value, like: _swap(value)
+        ),
     )

@@ -5,6 +5,13 @@ device's ``[M, cols]`` partial on the leading mesh axis (:mod:`conformance.specs
 form); the result is ``x.sum(0)``, ``[M, cols]``, sharded ``P(axis_name, None)``: device ``d`` ends
 with row block ``d`` of the sum. On a 2-D mesh the other axis is replicated.
 
+``scatter_dimension=1`` (a registration option; 0 is the form above) declares a kernel that scatters
+each device's partial along its last dim, as ``lax.psum_scatter(..., scatter_dimension=1)``: it is
+called with the partials transposed, ``x[n, cols, M]``, and returns ``[cols, M]`` sharded
+``P(None, axis_name)``, device ``d`` ending with column block ``d`` (:meth:`FamilySpec.transposed`:
+the same sums, tolerances, bytes and gradients on the swapped arrays; ``rows_per_shard`` is then the
+result's columns per device).
+
 One family and not a mode of the all-reduce's: the two differ in what a device ends with (its block,
 or the whole sum), so in the result's sharding, in the bytes a device must receive and in the
 backward pass, each of which the checks read off the spec.
@@ -24,7 +31,7 @@ from __future__ import annotations
 from jax.sharding import PartitionSpec as P
 
 from conformance.specs import reduction
-from conformance.specs.base import Dims, FamilySpec, partial_itemsize
+from conformance.specs.base import Dims, FamilySpec, RegistrationOption, partial_itemsize
 
 
 def _partial_sums_received(d: Dims, n: int, itemsize: int) -> int:
@@ -32,9 +39,26 @@ def _partial_sums_received(d: Dims, n: int, itemsize: int) -> int:
     return reduction.scattered_blocks_received(d, n, partial_itemsize(itemsize))
 
 
+#: ``scatter_dimension``, the family's registration option: the dim of each device's partial the sum
+#: is scattered along (``lax.psum_scatter``'s ``scatter_dimension``).
+SCATTER_DIMENSION_OPTION = RegistrationOption(
+    default=0,
+    accepts=lambda v: type(v) is int and v in (0, 1),
+    expects="0 or 1",
+    doc="the dim of each device's partial the sum is scattered along: 0, its rows (x[n, M, cols] -> "
+    "[M, cols] P(axis, None)); 1, its last (x[n, cols, M] -> [cols, M] P(None, axis))",
+    derive=lambda spec, _: spec.transposed(),
+)
+
 REDUCE_SCATTER = FamilySpec(
     name="reduce_scatter",
-    **reduction.SHARED_FIELDS,
+    **{
+        **reduction.SHARED_FIELDS,
+        "registration_options": {
+            **reduction.SHARED_FIELDS["registration_options"],
+            "scatter_dimension": SCATTER_DIMENSION_OPTION,
+        },
+    },
     summary="x[n,M,cols] P(axis) (each device's partial) -> x.sum(0), [M,cols] P(axis)",
     out_spec=lambda a: P(a, None),
     allowed_collectives=frozenset({"collective-permute", "reduce-scatter"}),

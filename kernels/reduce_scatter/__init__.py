@@ -6,14 +6,17 @@ from conformance.kernels.reduce_scatter.pallas_ring import (
 )
 from conformance.kernels.reduce_scatter.ring import (
     ring_reduce_scatter_bidirectional,
+    ring_reduce_scatter_columns_bidirectional,
     ring_reduce_scatter_unidirectional,
 )
-from conformance.kernels.reduce_scatter.xla import xla_reduce_scatter
+from conformance.kernels.reduce_scatter.xla import xla_reduce_scatter, xla_reduce_scatter_columns
 
 __all__ = [
     "pallas_ring_reduce_scatter_bidirectional",
     "ring_reduce_scatter_bidirectional",
+    "ring_reduce_scatter_columns_bidirectional",
     "ring_reduce_scatter_unidirectional",
     "xla_jit_reduce_scatter",
     "xla_reduce_scatter",
+    "xla_reduce_scatter_columns",
 ]
