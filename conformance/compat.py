@@ -391,6 +391,35 @@ def watch_interpreted_calls() -> Iterator[list[InterpretedCallEnd]]:
         module._clear_shared_memory = original
 
 
+@contextlib.contextmanager
+def note_interpreted_copies() -> Iterator[list[tuple[int, int, tuple[int, ...], int]]]:
+    """Within the block, note every DMA an interpreted kernel makes, as it reads its source: (source,
+    target, shape, bytes), the devices as the interpreter's logical ids (the row-major index of a
+    device's mesh coordinates). The interpreter (0.6 and later) makes each DMA an instance of its class
+    ``DMA`` and sets its ``data`` once, at the read: a subclass put in its place notes that."""
+    module = _interpret_module()
+    original = getattr(module, "DMA", None)
+    fields = {f.name for f in dataclasses.fields(original)} if dataclasses.is_dataclass(original) else set()
+    if not {"data", "src_device_id", "dst_device_id"} <= fields:
+        raise HostLimit(
+            f"this JAX ({jax.__version__}) keeps its TPU interpreter's DMAs in a form not known here"
+        )
+    copies: list[tuple[int, int, tuple[int, ...], int]] = []
+
+    class NotedDMA(original):  # type: ignore[misc, valid-type]
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name == "data" and value is not None:
+                shape = tuple(int(d) for d in np.shape(value))
+                copies.append((int(self.src_device_id), int(self.dst_device_id), shape, int(value.nbytes)))
+            super().__setattr__(name, value)
+
+    module.DMA = NotedDMA
+    try:
+        yield copies
+    finally:
+        module.DMA = original
+
+
 def reset_interpret_state(*, after_failure: bool = False) -> None:
     """Drop interpret mode's simulated memory, semaphores and race state.
 

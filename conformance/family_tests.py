@@ -138,7 +138,7 @@ def case_for(axes: Axes, family: str, implementation: str, params: dict) -> Case
     if axes.case == "accuracy":
         return accuracy_case(family, implementation, platform, mesh, params["dtype"])
     if axes.case == "tpu_native":
-        return tpu_native_case(family, implementation, mesh, params["dtype"])
+        return tpu_native_case(family, implementation, mesh, params.get("dtype", "float32"))
     return canonical_case(
         family,
         implementation,

@@ -14,7 +14,7 @@ module                 checks
 ``accuracy``           accuracy, backward_accuracy
 ``pallas``             tpu_layout, races, barrier_protocol
 ``bad_inputs``         bad_inputs
-``ring_balance``       direction_balance (a bidirectional ring's bytes per ring direction)
+``ring_balance``       direction_balance, dma_direction_balance (a bidirectional ring's bytes per direction)
 ``reductions``         other_reductions (the min and max a reduction kernel declares)
 =====================  ==========================================================================
 

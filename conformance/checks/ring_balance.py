@@ -21,9 +21,15 @@ extent, gives halves that differ by one slice along it where the extent is odd: 
 1 rows. So the directions may differ by one slice of each transfer of the larger direction, along its
 shortest dim (which is at least the slice along whatever dim the kernel cut: rows, columns or a
 batch); a transfer of one row cannot be cut and may go one way whole. Any more is a split that is not
-the halves. A Pallas kernel moves its rows by DMAs inside the kernel, which the compiled module does
-not show: its directions are not read here, and its test is not made (the Pallas rings' halves are
-their docstrings' and the values check's).
+the halves.
+
+A Pallas kernel moves its rows by DMAs inside the kernel, which the compiled module does not show:
+its directions are read from a run in TPU interpret mode instead (``dma_direction_balance``), every
+remote DMA noted as the interpreter reads its source (:func:`conformance.compat.note_interpreted_copies`:
+source and target device, shape and bytes), each weighed as a collective-permute's pairs are. It runs
+at the family's TPU-native dims, where a block fills whole TPU tiles an even number of times: a
+Pallas kernel cuts its blocks where a chip's DMA windows may be cut, on tile boundaries, and a block
+of one tile (every block at the small fixed shapes) cannot be halved on a chip at all.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from conformance import hlo, runner
+from conformance import compat, hlo, runner
 from conformance.checks.base import Axes, Check, NotJudged, call_kernel, fail, keeping
 from conformance.runner import Case
 
@@ -106,25 +112,52 @@ def by_direction(
     }, lines
 
 
+def interpreted_by_direction(
+    copies: list[tuple[int, int, tuple[int, ...], int]], *, mesh_shape: tuple[int, ...], axis: int
+) -> tuple[dict[int | None, Direction], list[str]]:
+    """:func:`by_direction` for a Pallas kernel's remote DMAs in one interpreted call (source, target,
+    shape, bytes), and a line per kind of DMA: its direction, shape, bytes and how many there were."""
+    per_device: dict[int | None, dict[int, Direction]] = defaultdict(lambda: defaultdict(Direction))
+    kinds: dict[tuple[int | None, tuple[int, ...], int], int] = defaultdict(int)
+    for source, target, shape, nbytes in copies:
+        if source == target:  # a copy within a device (HBM to VMEM): no link carries it
+            continue
+        shift = ring_shift((source, target), mesh_shape=mesh_shape, axis=axis)
+        per_device[shift][target].received += nbytes
+        per_device[shift][target].slack += nbytes // min(shape[-2:], default=1)
+        kinds[(shift, shape, nbytes)] += 1
+    lines = [
+        f"  {DIRECTIONS.get(shift, 'neither ring direction'):<22} {count} remote DMAs of {list(shape)}, "
+        f"{nbytes} bytes each"
+        for (shift, shape, nbytes), count in sorted(kinds.items(), key=lambda k: (str(k[0][0]), k[0][1:]))
+    ]
+    return {
+        shift: max(devices.values(), key=lambda d: d.received) for shift, devices in per_device.items()
+    }, lines
+
+
 def check_direction_balance(case: Case) -> DirectionRecord:
     """A kernel declared bidirectional moves half of each block each way: the bytes a device receives
     per call in the two ring directions differ by at most one slice of a halved extent per transfer."""
-    if case.implementation.pallas:
-        raise NotJudged(
-            "a Pallas kernel moves its rows by DMAs inside the kernel, which the compiled module does not "
-            "show; its directions are not read here"
-        )
-    summary = hlo.parse_hlo(call_kernel(case, "direction_balance", lambda: runner.compiled(case).as_text()))
     mesh = case.mesh
     axis = mesh.axis_names.index(mesh.axis_name)
-    directions, lines = by_direction(summary, mesh_shape=mesh.shape, axis=axis)
+    check = "dma_direction_balance" if case.implementation.pallas else "direction_balance"
+    if case.implementation.pallas:
+        with compat.note_interpreted_copies() as copies:
+            call_kernel(case, check, lambda: runner.execute(case))
+        directions, lines = interpreted_by_direction(copies, mesh_shape=mesh.shape, axis=axis)
+        read_from = "the kernel's remote DMAs in TPU interpret mode, by ring direction:"
+    else:
+        text = call_kernel(case, check, lambda: runner.compiled(case).as_text())
+        directions, lines = by_direction(hlo.parse_hlo(text), mesh_shape=mesh.shape, axis=axis)
+        read_from = "collective-permutes of the compiled module, by ring direction:"
     forward, backward = directions.get(+1, Direction()), directions.get(-1, Direction())
     record = DirectionRecord(case.family, case.impl, mesh.label, forward.received, backward.received)
     total = forward.received + backward.received
     if not total:
         raise NotJudged(
-            "the compiled module has no collective-permute along the ring: there are no ring directions "
-            "to weigh (the collectives check judges what it moves instead)"
+            "no transfer along the ring (a collective-permute, or a Pallas kernel's remote DMA): there are "
+            "no ring directions to weigh (the collectives check judges what it moves instead)"
         )
     larger, smaller = (forward, backward) if forward.received >= backward.received else (backward, forward)
     with keeping([record]):
@@ -133,7 +166,7 @@ def check_direction_balance(case: Case) -> DirectionRecord:
             share = larger.received / total
             raise fail(
                 case,
-                "direction_balance",
+                check,
                 "a ring declared bidirectional moves more of each block one way than the other",
                 [
                     f"bytes received per device per call: {forward.received} going d -> d+1, "
@@ -144,7 +177,7 @@ def check_direction_balance(case: Case) -> DirectionRecord:
                     f"on a link that carries both directions at once the transfers take as long as {name}'s, "
                     f"{share / 0.5 - 1:.0%} longer than the balanced split's: cut each block in two halves, "
                     "ceil and floor of one dim",
-                    "collective-permutes of the compiled module, by ring direction:",
+                    read_from,
                     *lines,
                 ],
             )
@@ -166,7 +199,8 @@ def direction_table(records: list[DirectionRecord]) -> list[tuple[str, list[str]
         lines.append(
             f"{family:<21} {impl:<{width}}  larger direction {span:>9} of the bytes on {len(recs)} cases"
         )
-    return [("bidirectional rings: the larger direction's share of the bytes (compiled module)", lines)]
+    title = "bidirectional rings: the larger direction's share of the bytes (compiled module; Pallas: DMAs)"
+    return [(title, lines)]
 
 
 CHECKS = (
@@ -177,9 +211,29 @@ CHECKS = (
         tables=direction_table,
         # the cut follows the block's extents (odd and even) and the ring's kind; rings of 3 or more, where
         # the two directions are different pairs
-        # the DMAs of a Pallas kernel are inside it, where the compiled module does not show them
         axes=Axes(
-            meshes="covering", shapes=True, implementations=("bidirectional", "not_pallas"), min_ring=3
+            meshes="covering",
+            shapes=True,
+            implementations=("bidirectional", "not_pallas"),
+            min_ring=3,
         ),
+    ),
+    Check(
+        "dma_direction_balance",
+        check_direction_balance,
+        concern="performance",
+        tables=direction_table,
+        # a Pallas kernel's remote DMAs, from a run in TPU interpret mode at the TPU-native dims (module
+        # doc): a ring of 5 (steps both ways) and a ring on the second axis of a 2-D mesh (the devices'
+        # logical ids read as mesh coordinates); rings of 8 at these dims exceed what interpret mode
+        # holds on a 2-core host
+        axes=Axes(
+            case="tpu_native",
+            meshes=("5-x-explicit", "2x3-y-explicit"),
+            platforms=False,
+            implementations=("bidirectional", "pallas"),
+        ),
+        doc="Pallas kernels declared bidirectional: their remote DMAs' bytes per ring direction, held to "
+        "halves (interpret mode, TPU-native dims).",
     ),
 )

@@ -26,6 +26,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_rs_max_starts_from_zero": "test_other_reductions",
     "broken_rs_declares_columns_scatters_rows": "test_output_sharding",
     "broken_rs_columns_skip_ring_position_one": "test_values",
+    "broken_pallas_rs_split_in_thirds": "test_dma_direction_balance",
     "broken_pallas_rs_writes_a_buffer_still_being_read": "test_races",
     "broken_pallas_rs_dma_before_the_barrier": "test_barrier_protocol",
     "broken_pallas_rs_leaves_a_send_unwaited": "test_races",
@@ -39,6 +40,7 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_rs_max_starts_from_zero": "reduction='max': values differ",
     "broken_rs_declares_columns_scatters_rows": "sharding",
     "broken_rs_columns_skip_ring_position_one": "column blocks of the result are wrong",
+    "broken_pallas_rs_split_in_thirds": "a ring declared bidirectional moves more of each block one way",
     "broken_pallas_rs_writes_a_buffer_still_being_read": "TPU interpret mode detected a race",
     "broken_pallas_rs_dma_before_the_barrier": "barrier",
     "broken_pallas_rs_leaves_a_send_unwaited": "a semaphore has a nonzero count at kernel exit",
@@ -254,3 +256,20 @@ def broken_rs_columns_skip_ring_position_one(x, *, mesh, axis_name):
     return jax.shard_map(
         per_device, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(None, axis_name)
     )(x)
+
+
+@conformance.register(
+    "reduce_scatter", name="broken_pallas_rs_split_in_thirds", pallas=True, bidirectional=True
+)
+def broken_pallas_rs_split_in_thirds(x, *, mesh, axis_name, interpret=False):
+    """The built-in Pallas ring with a third of each block's accumulator sent left and two thirds
+    right: exact, race-free, no more bytes in all; one link direction carries twice the other's."""
+    return pallas_ring.reduce_scatter(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=True,
+        name="broken_pallas_rs_split_in_thirds",
+        cut=lambda m: ((m + 1) // 3 or m, m - ((m + 1) // 3 or m)),
+    )

@@ -80,6 +80,7 @@ AUTODIFF = {"test_gradients", "test_backward_collectives"}
 ACCURACY = {"test_accuracy", "test_backward_accuracy"}
 OVERLAP = {"test_overlap"}
 BALANCE = {"test_direction_balance"}
+DMA_BALANCE = {"test_dma_direction_balance"}
 REDUCTIONS = {"test_other_reductions"}
 #: built-in -> the tests it must have run (and passed)
 BUILTINS = {
@@ -88,7 +89,7 @@ BUILTINS = {
     "ring_allgather_matmul_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY | BALANCE,
     "xla_all_gather": STANDARD_TESTS | AUTODIFF,
     "pallas_ring_all_gather_unidirectional": STANDARD_TESTS | PALLAS | AUTODIFF,
-    "pallas_ring_all_gather_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF,
+    "pallas_ring_all_gather_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF | DMA_BALANCE,
     "xla_matmul_reduce_scatter": STANDARD_TESTS | OVERLAP | AUTODIFF,
     "ring_matmul_reduce_scatter_unidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY,
     "ring_matmul_reduce_scatter_bidirectional": STANDARD_TESTS | OVERLAP | AUTODIFF | ACCURACY | BALANCE,
@@ -102,9 +103,16 @@ BUILTINS = {
         for name in (f"xla_{family}", f"ring_{family}_unidirectional", f"ring_{family}_bidirectional")
     },
     **{
-        f"pallas_ring_{family}_bidirectional": STANDARD_TESTS | PALLAS | AUTODIFF | ACCURACY | REDUCTIONS
+        f"pallas_ring_{family}_bidirectional": STANDARD_TESTS
+        | PALLAS
+        | AUTODIFF
+        | ACCURACY
+        | REDUCTIONS
+        | DMA_BALANCE
         for family in ("reduce_scatter", "all_reduce")
     },
+    "xla_reduce_scatter_columns": STANDARD_TESTS | AUTODIFF,
+    "ring_reduce_scatter_columns_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY | REDUCTIONS | BALANCE,
 }
 #: Every kernel of the sweep runs on a ring of one, an odd ring, the longest ring, a 2-D mesh in a TPU
 #: slice's order, a 3-D mesh and a reversed ring of 8, plus the mesh-less tests: each broken kernel meets

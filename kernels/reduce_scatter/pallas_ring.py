@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -198,9 +199,11 @@ def scattered_partial(
     name: str,
     reduction: str = "add",
     protocol: Protocol = SAFE,
+    cut: Callable[[int], tuple[int, int]] | None = None,
 ) -> jax.Array:
     """This device's row block of the sum of every device's ``partial[M, cols]``, by the ring kernel,
-    rounded once to ``partial``'s dtype: called on each device inside a ``shard_map`` over ``axis_name``."""
+    rounded once to ``partial``'s dtype: called on each device inside a ``shard_map`` over ``axis_name``
+    (``cut``: a block's rows -> the rows sent left and right, the self-tests' knob; the halves)."""
     n = lax.axis_size(axis_name)
     m, cols = partial.shape[0] // n, partial.shape[1]
     if not interpret:
@@ -210,7 +213,7 @@ def scattered_partial(
         blocks = blocks.astype(jnp.float32)
     if n == 1:  # the partial is the sum: nothing to move, no kernel to run
         return partial
-    top, bottom = halves(m, bidirectional=bidirectional)
+    top, bottom = cut(m) if cut else halves(m, bidirectional=bidirectional)
     cuts = [rows for rows in (top, bottom) if rows]
     acc = accumulator_dtype(blocks.dtype)
     kernel = functools.partial(
@@ -253,8 +256,10 @@ def reduce_scatter(
     name: str,
     reduction: str = "add",
     protocol: Protocol = SAFE,
+    cut: Callable[[int], tuple[int, int]] | None = None,
 ) -> jax.Array:
-    """The ring reduce-scatter of the partials ``x[n, M, cols]`` (``protocol``: the self-tests' knob)."""
+    """The ring reduce-scatter of the partials ``x[n, M, cols]`` (``protocol`` and ``cut``: the
+    self-tests' knobs)."""
     validate(name, x, mesh, axis_name)
     combine(name, reduction)
 
@@ -268,6 +273,7 @@ def reduce_scatter(
             name=name,
             reduction=reduction,
             protocol=protocol,
+            cut=cut,
         )
 
     scatter = jax.shard_map(
