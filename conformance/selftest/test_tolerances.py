@@ -72,3 +72,21 @@ def test_a_bfloat16_contraction_of_256_or_more_is_judged_against_the_baseline() 
     message = str(failed.failure)
     assert "tolerance rule : gamma_513 is unbounded for bfloat16" in message, message
     assert "2x the largest error of xla_matmul_reduce_scatter on the same inputs" in message, message
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_a_float8_sum_is_held_to_one_rounding_of_a_float32_sum(dtype: str) -> None:
+    """On a ring of 8 (where e5m2's recursive-summation bound is unbounded) the float8 tolerance admits
+    the float32 sum rounded once to float8, and not the sum with one partial dropped."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    f8 = np.dtype(getattr(ml_dtypes, dtype))
+    parts = rng.standard_normal((8, 64, 16)).astype(f8).astype(np.float64)
+    exact = parts.sum(0)
+    tol = tolerances.reduction_tolerance(parts, dtype)
+    assert np.isfinite(tol).all()
+    rounded_once = parts.astype(np.float32).sum(0).astype(f8).astype(np.float64)
+    assert (np.abs(rounded_once - exact) <= tol).all()
+    dropped = parts[1:].sum(0)
+    assert (np.abs(dropped - exact) > tol).mean() > 0.75  # a partial near zero hides in any bound

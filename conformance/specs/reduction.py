@@ -8,8 +8,9 @@ The operand is the per-device partials stacked on a leading mesh axis: ``x[n, M,
 ``jax.shard_map`` (a full-size addend per device, as after a matmul whose contraction is sharded), and
 the global array says so without a convention: its leading axis is the mesh axis, its sum over that
 axis is the reduction. The reference is that sum in float64, exact for integers; the tolerance
-allows a rounding per addition (:func:`conformance.tolerances.reduction_tolerance`), and the accuracy
-check holds a kernel to the baseline's own error (float32 sums, rounded once).
+allows a rounding per addition (:func:`conformance.tolerances.reduction_tolerance`; float8 partials,
+whose per-hop rounding would excuse anything, are held to a float32 sum rounded once), and the
+accuracy check holds a kernel to the baseline's own error (float32 sums, rounded once).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ SHARED_FIELDS = {
     "dims": ("rows_per_shard", "cols"),
     "canonical_dims": {"rows_per_shard": 3, "cols": 8},
     "dim_values": {"rows_per_shard": (1, 2, 3, 5, 8), "cols": (1, 8, 128, 256)},
-    "dtypes": ("float32", "bfloat16", "float16", "int32"),
+    "dtypes": ("float32", "bfloat16", "float16", "int32", "float8_e4m3fn", "float8_e5m2"),
     "reference": reference,
     "tolerance": tolerance,
     "bad_inputs": bad_inputs,
