@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import conformance
+from conformance.kernels.ragged_all_to_all import pallas_dma
 from conformance.kernels.ragged_all_to_all._common import per_device, validate
 from conformance.kernels.ragged_all_to_all.dense import packed_groups, written
 from conformance.kernels.ragged_all_to_all.ring import group_for, shifted
@@ -22,6 +23,9 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_ragged_sizes_read_untransposed": "test_values",
     "broken_ragged_bidirectional_ring_skips_a_peer_on_odd_rings": "test_values",
     "broken_ragged_backward_returns_cotangents_in_dispatch_order": "test_gradients",
+    "broken_pallas_ragged_scatters_before_the_barrier": "test_barrier_protocol",
+    "broken_pallas_ragged_returns_before_its_receives": "test_races",
+    "broken_pallas_ragged_waits_for_sizes_untransposed": "test_values",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_ragged_offsets_read_on_the_receivers_side": "reading output_offsets on the receiver's side",
@@ -30,6 +34,10 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_ragged_sizes_read_untransposed": "values differ from the numpy float64 reference",
     "broken_ragged_bidirectional_ring_skips_a_peer_on_odd_rings": "where device",
     "broken_ragged_backward_returns_cotangents_in_dispatch_order": "d_x",
+    "broken_pallas_ragged_scatters_before_the_barrier": "before the kernel waits on its barrier semaphore",
+    # in the on_wait order its groups never land (no one waits on them): values; eager, a race
+    # a receiver waits for rows its sender never sends: the time bound stops it and says where
+    "broken_pallas_ragged_waits_for_sizes_untransposed": "did not finish within",
 }
 
 
@@ -178,3 +186,42 @@ def broken_ragged_backward_returns_cotangents_in_dispatch_order(*operands, mesh,
     return per_device(
         lambda *blocks: _exchanged_with_a_local_backward(*blocks, axis_name), mesh, axis_name, operands
     )
+
+
+def _pallas_without(name: str, doc: str, **protocol: bool) -> None:
+    """The built-in Pallas kernel with one guard of its protocol taken out or turned."""
+
+    @conformance.register("ragged_all_to_all", name=name, pallas=True, dtypes=pallas_dma.DTYPES)
+    def kernel(*operands, mesh, axis_name, interpret=False):
+        return pallas_dma.exchange(
+            operands,
+            mesh=mesh,
+            axis_name=axis_name,
+            interpret=interpret,
+            name=name,
+            protocol=pallas_dma.Protocol(**protocol),
+        )
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = doc
+
+
+_pallas_without(
+    "broken_pallas_ragged_scatters_before_the_barrier",
+    "No barrier, while taking the barrier semaphore's collective_id (the sglang-jax fused EP-MoE kernel's "
+    "removed barrier): a group may reach a device that has not entered the kernel, which interpret mode, "
+    "starting every device together, never shows; the barrier protocol read off the kernel does.",
+    barrier=False,
+)
+_pallas_without(
+    "broken_pallas_ragged_returns_before_its_receives",
+    "Returns once its own groups are sent, never waiting for the groups sent to it: its receive "
+    "semaphores keep their counts, and its output may be read before a group lands.",
+    wait_receives=False,
+)
+_pallas_without(
+    "broken_pallas_ragged_waits_for_sizes_untransposed",
+    "Waits for send_sizes[i] rows from each sender i, its own sizes to i, not recv_sizes[i], what i "
+    "sends it: where a routing is not symmetric, a receiver waits for rows nobody sends.",
+    receive_sizes_transposed=False,
+)
