@@ -157,7 +157,14 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     assert {o["impl"] for o in outcomes} == {
         "downstream_ring_all_gather",
         "downstream_tiled_allgather_matmul",
+        "downstream_moe_token_exchange",
     }
+    # the MoE token exchange, lax.ragged_all_to_all's signature, through every check on CPU
+    exchange = [o for o in outcomes if o["impl"] == "downstream_moe_token_exchange"]
+    assert {o["outcome"] for o in exchange} == {"passed"}, [o for o in exchange if o["outcome"] != "passed"][
+        :2
+    ]
+    assert {"values", "gradients", "collectives", "tpu_memory"} <= {o["check"] for o in exchange}
     by = {o["id"]: o for o in outcomes}
     # the declared dtypes: int32 is not claimed by the all-gather, with its reason
     int32 = by["all_gather/downstream_ring_all_gather/dtype/5-x-explicit/cpu/int32"]

@@ -1,4 +1,4 @@
-"""Two kernels of this project, registered with the conformance suite with what they support.
+"""Three kernels of this project, registered with the conformance suite with what they support.
 
 ``downstream_ring_all_gather``
     a ``ppermute`` ring under ``shard_map``: ``n - 1`` hops to the next device, each
@@ -11,6 +11,11 @@
     ``supports`` says so. The suite moves its fixed shapes and draws to multiples of
     8 rows per shard and reports 2-D meshes as not claimed. It does not yet overlap
     its transfer with compute: ``known_failures.txt`` lists the overlap check.
+``downstream_moe_token_exchange``
+    an MoE layer's token exchange, ``lax.ragged_all_to_all``'s signature: each device pads
+    its group for every peer to the largest group that fits, one ``all_to_all`` moves them,
+    and each receiver writes a sender's rows where that sender's ``output_offsets`` say.
+    XLA:CPU has no ragged-all-to-all, so this is what the project runs on CPU hosts.
 """
 
 from __future__ import annotations
@@ -85,3 +90,37 @@ def downstream_tiled_allgather_matmul(
     return jax.shard_map(
         per_device, mesh=mesh, in_specs=(P(axis_name, None), P(None, axis_name)), out_specs=P(None, axis_name)
     )(lhs, rhs)
+
+
+@conformance.register(
+    "ragged_all_to_all",
+    name="downstream_moe_token_exchange",
+    differentiable=True,
+    description="groups padded to the largest that fits, one all_to_all, written where the sender says",
+)
+def downstream_moe_token_exchange(
+    x: jax.Array,
+    output: jax.Array,
+    input_offsets: jax.Array,
+    send_sizes: jax.Array,
+    output_offsets: jax.Array,
+    recv_sizes: jax.Array,
+    *,
+    mesh: jax.sharding.Mesh,
+    axis_name: str,
+) -> jax.Array:
+    n = mesh.shape[axis_name]
+
+    def per_device(x, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+        capacity = min(x.shape[0], output.shape[0])  # the largest group that fits both sides
+        rows = jnp.arange(capacity)
+        at = jnp.clip(input_offsets[:, None] + rows, 0, x.shape[0] - 1)
+        groups = jnp.where((rows < send_sizes[:, None])[..., None], x[at], jnp.zeros((), x.dtype))
+        received = lax.all_to_all(groups, axis_name, 0, 0, tiled=True)  # [n, capacity, cols]: by sender
+        slots = lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)  # each sender's slot here
+        target = jnp.where(rows < recv_sizes[:, None], slots[:, None] + rows, output.shape[0])
+        return output.at[target.reshape(-1)].set(received.reshape(n * capacity, -1), mode="drop")
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(axis_name),) * 6, out_specs=P(axis_name))(
+        x, output, input_offsets, send_sizes, output_offsets, recv_sizes
+    )
