@@ -46,8 +46,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 import conformance
 from conformance.kernels._pallas import neighbour
+from conformance.kernels.all_gather.pallas_ring import ANY_2D_WINDOW
 from conformance.kernels.ragged_all_to_all._common import per_device, validate
 from conformance.kernels.ragged_all_to_all.dense import exchanged
+from conformance.targets import tpu_compiler
 
 #: The row dtypes it moves: 32-bit (module docstring, "Limits").
 DTYPES = ("float32", "int32")
@@ -157,7 +159,9 @@ def scattered(
         return exchanged(
             x, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name=axis_name
         )
-    any_space = pl.BlockSpec(memory_space=pl.ANY)
+    if not interpret:
+        refuse_what_a_tpu_cannot_do(x.shape, x.dtype)
+    any_space, smem = pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pltpu.SMEM)
     kernel = functools.partial(
         _kernel,
         n=n,
@@ -166,15 +170,14 @@ def scattered(
         mesh_axes=mesh_axes,
         protocol=protocol,
     )
+    # the routing arrays as SMEM inputs, not scalar prefetch: JAX 0.6's interpreter indexes an alias
+    # among the inputs that are not prefetched
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(output.shape, output.dtype),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4,
-            in_specs=[any_space, any_space],
-            out_specs=any_space,
-            scratch_shapes=[pltpu.SemaphoreType.DMA((n,)), pltpu.SemaphoreType.DMA((n,))],
-        ),
+        in_specs=[smem] * 4 + [any_space, any_space],
+        out_specs=any_space,
+        scratch_shapes=[pltpu.SemaphoreType.DMA((n,)), pltpu.SemaphoreType.DMA((n,))],
         input_output_aliases={5: 0},
         compiler_params=pltpu.CompilerParams(collective_id=0),
         interpret=interpret,
@@ -183,6 +186,19 @@ def scattered(
         x,
         output,
     )
+
+
+def refuse_what_a_tpu_cannot_do(shape: tuple[int, ...], dtype: Any) -> None:
+    """``conformance.refuse_on_tpu`` naming the rule, for rows the TPU compiler of this JAX refuses to
+    window (:data:`~conformance.kernels.all_gather.pallas_ring.ANY_2D_WINDOW`): before libtpu 0.0.42 a
+    DMA window's lanes must be whole 128-lane tiles. Called only when the kernel is compiled for a TPU."""
+    libtpu = tpu_compiler.libtpu_in_use()
+    if libtpu < ANY_2D_WINDOW and shape[-1] % 128:
+        conformance.refuse_on_tpu(
+            f"pallas_dma_ragged_all_to_all: on a TPU (libtpu {'.'.join(map(str, libtpu))}) each row of "
+            f"{shape[-1]} {jnp.dtype(dtype).name} elements must fill whole 128-lane tiles; pad the rows, or "
+            "run it under interpret mode"
+        )
 
 
 def exchange(
