@@ -47,8 +47,8 @@ from jax.experimental.pallas import tpu as pltpu
 import conformance
 from conformance.kernels._pallas import neighbour
 from conformance.kernels.all_gather.pallas_ring import ANY_2D_WINDOW
-from conformance.kernels.ragged_all_to_all._common import per_device, validate
-from conformance.kernels.ragged_all_to_all.dense import exchanged
+from conformance.kernels.ragged_all_to_all._common import validate
+from conformance.kernels.ragged_all_to_all.dense import dense_ragged_all_to_all, exchanged
 from conformance.targets import tpu_compiler
 
 #: The row dtypes it moves: 32-bit (module docstring, "Limits").
@@ -224,9 +224,6 @@ def exchange(
         per_device_kernel, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec, check_vma=False
     )
 
-    def dense(*ops: jax.Array) -> jax.Array:
-        return per_device(lambda *blocks: exchanged(*blocks, axis_name=axis_name), mesh, axis_name, ops)
-
     @jax.custom_vjp
     def ragged(x: jax.Array, output: jax.Array, *routing: jax.Array) -> jax.Array:
         return forward(x, output, *routing)
@@ -236,7 +233,10 @@ def exchange(
 
     def ragged_bwd(saved: tuple, ct: jax.Array) -> tuple:
         x, output, routing = saved
-        _, pullback = jax.vjp(lambda x, output: dense(x, output, *routing), x, output)
+        transposed = lambda x, output: dense_ragged_all_to_all(
+            x, output, *routing, mesh=mesh, axis_name=axis_name
+        )
+        _, pullback = jax.vjp(transposed, x, output)
         return (*pullback(ct), *(None for _ in routing))
 
     ragged.defvjp(ragged_fwd, ragged_bwd)
