@@ -128,11 +128,7 @@ def cpu_compiler_options() -> dict[str, Any]:
 
 
 def make_mesh(
-    shape: Sequence[int],
-    axis_names: Sequence[str],
-    *,
-    axis_types: tuple[jax.sharding.AxisType, ...],
-    devices: Sequence[Any],
+    shape: Sequence[int], axis_names: Sequence[str], *, axis_types: tuple[Any, ...], devices: Sequence[Any]
 ) -> jax.sharding.Mesh:
     """``jax.make_mesh`` took ``axis_types`` as keyword-only in 0.6.2; keyword works everywhere."""
     return jax.make_mesh(tuple(shape), tuple(axis_names), axis_types=axis_types, devices=devices)
@@ -157,6 +153,13 @@ def all_gather_invariant(x: Any, axis_name: str, *, axis: int = 0, tiled: bool =
     if hasattr(jax.lax, "all_gather_invariant"):
         return jax.lax.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
     return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled, to="invarying")
+
+
+def varying(x: Any, axis_name: str) -> Any:
+    """``x`` typed varying over ``axis_name`` (a loop carry): ``lax.pvary`` in 0.6, ``lax.pcast`` now."""
+    if hasattr(jax.lax, "pvary"):
+        return jax.lax.pvary(x, (axis_name,))
+    return jax.lax.pcast(x, (axis_name,), to="varying")
 
 
 def varying_shape_dtype_struct(

@@ -63,10 +63,12 @@ def exchanged(
     recv_sizes: jax.Array,
     *,
     axis_name: str,
+    capacity: int | None = None,
 ) -> jax.Array:
-    """One device's part (the module doc's algorithm)."""
+    """One device's part (the module doc's algorithm). ``capacity``: the most rows a group can have, where
+    the caller knows a bound below ``min(R, S)`` (an MoE dispatch's ``T * min(k, X)``)."""
     n = send_sizes.shape[0]
-    capacity = min(x.shape[0], output.shape[0])
+    capacity = min(x.shape[0], output.shape[0], capacity or x.shape[0])
     rounds = rounds_of(capacity, n)
     rows = capacity // rounds
     slots = lax.all_to_all(

@@ -1,0 +1,144 @@
+"""Family ``moe_dispatch``: each token goes to the devices of its top-k experts, as a mixture-of-experts
+layer sends its tokens out before the experts' matmuls.
+
+``fn(tokens, expert_ids, placement, *, mesh, axis_name)``, every operand sharded ``P(axis_name)`` along
+its first dim:
+
+* ``tokens[n*T, H]``: device ``i``'s ``T`` tokens;
+* ``expert_ids[n*T, k]`` int32: each token's ``k`` distinct experts of ``E = n * X``
+  (:mod:`conformance.specs.moe_routing`);
+* ``placement[n, X]`` int32: row ``d`` the ``X`` experts device ``d`` hosts;
+
+and the result is the experts' rows, ``[n*C, H]`` sharded ``P(axis_name)``, ``C = n * T * min(k, X)``:
+device ``d``'s experts' groups in placement order, each the rows of the tokens routed to that expert in
+global token order, zero after the last group (the layout a grouped matmul takes; the routing module
+says why it is this one). On a 2-D mesh the other axis is replicated.
+
+It is ``lax.ragged_all_to_all`` with the sizes and offsets computed from the routing, and a permute on
+either side: a token device sorts its (token, choice) rows by expert device, expert and token; the
+exchange lands each sender's group after the groups of the senders before it; each expert device
+permutes its rows from sender-major to expert-major order. A kernel that skips that last permute
+returns the right rows in the wrong order (a known mistake the values check names); one that reads
+its own receive offsets as its ``output_offsets`` puts groups in slots their receiver chose for
+another sender (the ragged all-to-all family's marin bug).
+
+Ground truth is the numpy transcription (:func:`reference`), bit-exact: rows are copied. Gradient: each
+token's gradient is the sum of the cotangents of the ``k`` rows it became (a combine without weights),
+rounded at each of ``k - 1`` additions at most. Bytes: the rows an expert device receives from the
+others, exactly, is the least; a padded buffer of ``T * min(k, X)`` rows from each peer and the
+routing is the most (:func:`conformance.specs.moe_routing.padded_exchange_bytes`); gathering every
+token is within it (each token's ``k`` rows are at least one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from conformance import tolerances
+from conformance.specs import moe_routing
+from conformance.specs.base import Dims, FamilySpec, KnownMistake, Operand
+
+
+def _tokens_shape(d: Dims, n: int) -> tuple[int, int]:
+    return (n * d["tokens_per_shard"], d["hidden"])
+
+
+def _rows_shape(d: Dims, n: int) -> tuple[int, int]:
+    return (n * moe_routing.capacity(d, n), d["hidden"])
+
+
+def reference(tokens: np.ndarray, expert_ids: np.ndarray, placement: np.ndarray) -> np.ndarray:
+    """The experts' rows (module doc): each (token, choice) row at its slot, zero elsewhere."""
+    n = placement.shape[0]
+    out = np.zeros((n * moe_routing.rows_per_device(expert_ids, placement), tokens.shape[1]))
+    for t, at in enumerate(moe_routing.slots(expert_ids, placement)):
+        out[at] = tokens[t]
+    return out
+
+
+def _in_arrival_order(tokens: np.ndarray, expert_ids: np.ndarray, placement: np.ndarray, *, axis_size: int):
+    """Each expert device's rows sender-major (by sender, then expert, then token): the exchange's
+    order, without the permute to expert-major order."""
+    n, t_per = axis_size, tokens.shape[0] // axis_size
+    rows = moe_routing.rows_per_device(expert_ids, placement)
+    at = moe_routing.slots(expert_ids, placement)
+    out = np.zeros((n * rows, tokens.shape[1]))
+    for d in range(n):
+        mine = sorted((t // t_per, int(at[t, k]), t) for t, k in np.argwhere(at // rows == d))
+        for i, (_, _, t) in enumerate(mine):
+            out[d * rows + i] = tokens[t]
+    return out
+
+
+KNOWN_MISTAKES = (
+    KnownMistake(
+        "leaving each expert device's rows in the order the exchange delivers them (by sender, then "
+        "expert): permute them to expert-major order, each expert's rows contiguous in global token order",
+        _in_arrival_order,
+    ),
+)
+
+
+def vjp_reference(tokens, expert_ids, placement, ct):
+    """Each token's gradient: the sum of the cotangents of the rows it became."""
+    at = moe_routing.slots(expert_ids, placement)
+    return (ct[at].sum(axis=1),)
+
+
+def vjp_tolerance(tokens, expert_ids, placement, ct, dtype):
+    """A rounding per addition of a token's ``k`` cotangent rows."""
+    at = moe_routing.slots(expert_ids, placement)
+    return (tolerances.reduction_tolerance(np.moveaxis(ct[at], 1, 0), dtype),)
+
+
+def _bad_inputs(n: int):
+    return moe_routing.bad_inputs("tokens", n, shapes=lambda rows: ((rows, 8), (rows, 1), (n, 1)))
+
+
+def _block_tags(shapes, n: int, sources: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """``tokens`` zero but the rows of the ring positions ``sources`` (position ``s``'s carry ``s + 1``):
+    each row of the result names the device its token came from, each padding row is 0. (The routing
+    operands are the case's own; the block map keeps them.)"""
+    tokens = np.zeros(shapes[0])
+    t_per = shapes[0][0] // n
+    for s in sources:
+        tokens[s * t_per : (s + 1) * t_per] = s + 1
+    return (tokens, *(np.zeros(shape) for shape in shapes[1:]))
+
+
+MOE_DISPATCH = FamilySpec(
+    name="moe_dispatch",
+    summary="tokens[n*T,H], expert_ids[n*T,k], placement[n,X], all P(axis) -> each device's experts' rows, "
+    "expert-major in token order, zero after, [n*C,H] P(axis), C = n*T*min(k,X)",
+    operands=(Operand("tokens", lambda a: P(a), _tokens_shape), moe_routing.EXPERT_IDS, moe_routing.PLACEMENT),
+    out_spec=lambda a: P(a),
+    out_shape=_rows_shape,
+    dims=moe_routing.DIMS,
+    canonical_dims=moe_routing.CANONICAL_DIMS,
+    dim_values=moe_routing.DIM_VALUES,
+    tpu_native_dims=moe_routing.TPU_NATIVE_DIMS,
+    # the dtypes the transfer families move bit-exact
+    dtypes=("float32", "bfloat16", "float16", "int32", "int8", "float8_e4m3fn", "float8_e5m2"),
+    reference=reference,
+    tolerance=lambda tokens, expert_ids, placement, dtype: tolerances.data_movement_tolerance(
+        reference(tokens, expert_ids, placement).shape
+    ),
+    allowed_collectives=frozenset({"all-to-all", "ragged-all-to-all", "collective-permute", "all-gather"}),
+    max_received_bytes=moe_routing.padded_exchange_bytes,
+    min_received_bytes=lambda d, n, itemsize: moe_routing.most_received(d, n, back=False) * d["hidden"] * itemsize,
+    byte_bound_text=moe_routing.PADDED_EXCHANGE_TEXT,
+    bad_inputs=_bad_inputs,
+    vjp_reference=vjp_reference,
+    vjp_tolerance=vjp_tolerance,
+    backward_allowed_collectives=frozenset({"all-to-all", "ragged-all-to-all", "collective-permute", "all-gather"}),
+    backward_max_received_bytes=moe_routing.padded_exchange_bytes,
+    backward_byte_bound_text="the rows' cotangents back to their tokens: " + moe_routing.PADDED_EXCHANGE_TEXT,
+    block_tags=_block_tags,
+    block_unit="group",
+    known_mistakes=KNOWN_MISTAKES,
+    bench_dims=moe_routing.bench_dims,
+)
+
+#: This module's family (:mod:`conformance.specs` collects it).
+SPEC = MOE_DISPATCH

@@ -1,0 +1,193 @@
+"""What the two mixture-of-experts families share (:mod:`~conformance.specs.moe_dispatch`,
+:mod:`~conformance.specs.moe_combine`): the routing, the expert placement, the layout of the experts'
+rows and the byte bounds of moving them.
+
+**Routing.** Each of the ``n * T`` tokens (``T`` per device, the ``tokens_per_shard`` dim) picks its
+top ``k`` experts of ``E = n * X`` (``X`` the ``experts_per_device`` dim; ``k`` the ``top_k`` dim, at most
+``E``): ``expert_ids[n*T, k]`` int32, sharded ``P(axis)`` as the tokens are, row ``t`` the distinct
+experts token ``t`` goes to, in the router's order (the order its weights come in, not sorted).
+
+**Placement.** ``placement[n, X]`` int32, sharded ``P(axis)``: row ``d`` (device ``d``'s shard) lists the
+``X`` experts device ``d`` hosts, in the order its rows group them. The suite passes ``arange(E)`` (expert ``e`` on device
+``e // X``, the contiguous layout of an expert-parallel mesh); a kernel may read its shard for its own
+experts, and must not assume more than the operand says. Its shape tells a kernel (and the reference)
+``n`` and ``X``, as an expert-weight operand would.
+
+**The experts' rows** (what a dispatch returns and a combine takes): device ``d`` holds ``C = n * T *
+min(k, X)`` rows of ``[C, H]`` (the most a device can receive: every token sending it all the rows it
+can, no token dropped), grouped by its experts in placement order; expert ``e``'s group holds the row of
+every token routed to ``e``, in global token order (device ``i``'s tokens before device ``i + 1``'s);
+the rows after the last group are zero. This is what a grouped matmul takes (each expert's rows
+contiguous, their count the expert's group size), and what one ``lax.ragged_all_to_all`` and a local
+permute give: a token device sorts its rows by destination device, expert and token, the exchange
+lands sender ``i``'s group on device ``d`` after those of senders ``0 .. i-1`` (``output_offsets`` from
+the gathered counts, as the sender sees them), and device ``d`` permutes its rows from sender-major to
+expert-major order (docs/families.md).
+
+**Routings** (the ``routing`` dim): kinds of traffic MoE kernels break on, laid out from the dims by a
+fixed generator (:func:`expert_ids`), so that a case's token pins them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from conformance.specs.base import BadInput, Dims, Operand
+
+#: The kinds of routing the ``routing`` dim names, by value (0, 1, ...).
+ROUTINGS = (
+    "each token's top-k experts drawn at random",
+    "every token's first choice is expert 0 (device 0 receives a row of every token)",
+    "no token picks device 0's experts (where the others can fill a top-k)",
+    "each device's tokens pick the next device's experts first (all its rows to one peer)",
+)
+
+#: Expert ids and placement: one int32 each.
+ROUTING_ITEMSIZE = 4
+
+
+def top_k(d: Dims, n: int) -> int:
+    """``k``: the ``top_k`` dim, at most the ``E = n * X`` experts there are."""
+    return min(d["top_k"], n * d["experts_per_device"])
+
+
+def capacity(d: Dims, n: int) -> int:
+    """``C``: the most rows one device can receive, ``n * T * min(k, X)``."""
+    return n * d["tokens_per_shard"] * min(top_k(d, n), d["experts_per_device"])
+
+
+def expert_ids(d: Dims, n: int) -> np.ndarray:
+    """``[n*T, k]``: each token's distinct experts, in the router's order, for the dims' ``routing``
+    (:data:`ROUTINGS`), from a generator seeded by the dims alone."""
+    kind, t_per, x = d["routing"], d["tokens_per_shard"], d["experts_per_device"]
+    if not 0 <= kind < len(ROUTINGS):
+        raise ValueError(f"routing={kind} is not one of 0..{len(ROUTINGS) - 1} ({'; '.join(ROUTINGS)})")
+    k, e = top_k(d, n), n * x
+    rng = np.random.default_rng([kind, n, t_per, x, k, d["hidden"]])
+    ids = np.zeros((n * t_per, k), dtype=np.int64)
+    for t in range(n * t_per):
+        first: list[int] = []
+        if kind == 1:
+            first = [0]
+        elif kind == 2 and e - x >= k:
+            first = list(x + rng.permutation(e - x)[:k])
+        elif kind == 3:
+            peer = (t // t_per + 1) % n
+            first = list(peer * x + rng.permutation(x)[: min(k, x)])
+        rest = [int(c) for c in rng.permutation(e) if c not in first]
+        ids[t] = (first + rest)[:k]
+    return ids
+
+
+def placement(d: Dims, n: int) -> np.ndarray:
+    """``[n, X]``: the experts each device hosts, contiguous."""
+    return np.arange(n * d["experts_per_device"]).reshape(n, -1)
+
+
+def rows_per_device(ids: np.ndarray, where: np.ndarray) -> int:
+    """``C`` of ``ids[n*T, k]`` and ``where[n, X]`` (the placement)."""
+    n, x = where.shape
+    return ids.shape[0] * min(ids.shape[1], x)
+
+
+def slots(ids: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """``[n*T, k]``: the row of the experts' rows (global, device ``d``'s from ``d * C``) at which each
+    (token, choice) lands, for ``ids`` and ``where`` (the placement), float64 or int."""
+    ids, where = ids.astype(np.int64), where.astype(np.int64)
+    rows = rows_per_device(ids, where)
+    out = np.zeros(ids.shape, dtype=np.int64)
+    for d, hosted in enumerate(where):
+        at = 0
+        for e in hosted:
+            for t, k in zip(*np.nonzero(ids == e), strict=True):  # nonzero's order: token order
+                out[t, k] = d * rows + at
+                at += 1
+    return out
+
+
+def owners(where: np.ndarray) -> np.ndarray:
+    """``[E]``: the device hosting each expert, for the placement ``where[n, X]``."""
+    owner = np.zeros(where.size, dtype=np.int64)
+    owner[where.astype(np.int64).reshape(-1)] = np.arange(where.size) // where.shape[1]
+    return owner
+
+
+def rows_moved(ids: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """``[n senders, n receivers]``: how many (token, choice) rows each token device sends each expert
+    device."""
+    n, t_per, owner = where.shape[0], ids.shape[0] // where.shape[0], owners(where)
+    moved = np.zeros((n, n), dtype=np.int64)
+    for t, row in enumerate(ids.astype(np.int64)):
+        for e in row:
+            moved[t // t_per, owner[e]] += 1
+    return moved
+
+
+def most_received(d: Dims, n: int, *, back: bool) -> int:
+    """The most rows one device receives from the others: an expert device's (``back``: a token
+    device's, the rows coming back)."""
+    moved = rows_moved(expert_ids(d, n), placement(d, n))
+    np.fill_diagonal(moved, 0)
+    return int((moved.sum(1) if back else moved.sum(0)).max(initial=0))
+
+
+def padded_exchange_bytes(d: Dims, n: int, itemsize: int) -> int:
+    """The cap on either trip: from each of the n - 1 others, a padded buffer of as many rows as one
+    device can send another (``T * min(k, X)``), and the routing (an int per row and per expert)."""
+    k, x, t_per = top_k(d, n), d["experts_per_device"], d["tokens_per_shard"]
+    rows = t_per * min(k, x)
+    return (n - 1) * (rows * d["hidden"] * itemsize + (t_per * k + (n + 1) * x) * ROUTING_ITEMSIZE)
+
+
+PADDED_EXCHANGE_TEXT = (
+    "each device may receive at most a padded buffer of T * min(k, X) rows from each of the n-1 others "
+    "(as many as one device can send another) and the routing: an int per row and per expert"
+)
+
+#: The routing operands, as both families take them (the case lays them out from its dims).
+EXPERT_IDS = Operand(
+    "expert_ids",
+    lambda a: P(a),
+    lambda d, n: (n * d["tokens_per_shard"], top_k(d, n)),
+    dtype="int32",
+    values=expert_ids,
+)
+PLACEMENT = Operand(
+    "placement", lambda a: P(a), lambda d, n: (n, d["experts_per_device"]), dtype="int32", values=placement
+)
+
+DIMS = ("tokens_per_shard", "experts_per_device", "top_k", "hidden", "routing")
+CANONICAL_DIMS = {"tokens_per_shard": 3, "experts_per_device": 2, "top_k": 2, "hidden": 8, "routing": 0}
+DIM_VALUES = {
+    "tokens_per_shard": (1, 2, 3, 5, 8),
+    "experts_per_device": (1, 2, 3),
+    "top_k": (1, 2, 4),
+    "hidden": (1, 8, 128),
+    "routing": tuple(range(len(ROUTINGS))),
+}
+TPU_NATIVE_DIMS = {"tokens_per_shard": 32, "experts_per_device": 2, "top_k": 2, "hidden": 128, "routing": 0}
+
+
+def bench_dims(rows: int) -> dict[str, int]:
+    """A benchmark's device holds ``rows`` tokens of 128 lanes, each routed to 2 of 2 experts a device."""
+    return {"tokens_per_shard": rows, "experts_per_device": 2, "top_k": 2, "hidden": 128, "routing": 0}
+
+
+def bad_inputs(first: str, n: int, *, shapes) -> tuple[BadInput, ...]:
+    """Rows of ``first`` (the operand the rows are counted in) that do not divide by the ring, and an
+    axis the mesh lacks; ``shapes(rows)`` the operands' shapes with ``rows`` rows."""
+    rows_bad = 2 * n + 1
+    divisibility = (
+        BadInput(
+            f"{first} of {rows_bad} rows, not divisible by the axis size {n}",
+            shapes(rows_bad),
+            None,
+            (str(rows_bad), str(n)),
+        ),
+    )
+    unknown_axis = (
+        BadInput("axis_name 'nonexistent_axis' is not a mesh axis", shapes(2 * n), "nonexistent_axis",
+                 ("nonexistent_axis",)),
+    )
+    return (divisibility if n > 1 else ()) + unknown_axis

@@ -1,0 +1,180 @@
+"""A mixture-of-experts dispatch and combine built on one ragged all-to-all, whichever does the exchange.
+
+Both run per device under ``shard_map`` (``T`` tokens, ``k`` choices each, ``X`` experts a device, ``n``
+devices; the families' contract is :mod:`conformance.specs.moe_routing`):
+
+1. **Routing tables.** The placement is gathered (``[E]``: which device hosts each expert, and as which of
+   its ``X``), each (token, choice) row gets its expert device and local expert, and every device's
+   ``[n, X]`` counts (rows it sends each device's each expert) are gathered: ``[n, n, X]``, a few ints
+   per expert, from which every device computes every offset without another exchange.
+2. **Dispatch.** A token device sorts its ``T * k`` rows by (expert device, local expert, token) and hands
+   them to the exchange: group ``j`` to device ``j``, landing after the groups of the senders before
+   it (``output_offsets``, the sender's view: the receiver's slots for it, from the counts). Device ``d``
+   then holds its rows sender-major, and permutes them expert-major (a gather): each expert's rows
+   contiguous, in global token order, zero after.
+3. **Combine.** The inverse: device ``d`` permutes its rows back to sender-major, the exchange returns
+   each sender's group to the rows its tokens sent (the dispatch's sorted order, as that device's
+   ``output_offsets`` say), and the token device un-sorts them and sums each token's ``k`` rows, weighted,
+   in float32, rounded once.
+
+The exchange is any function with ``lax.ragged_all_to_all``'s per-device signature: XLA's own op (TPU,
+GPU) or a form every backend runs (a padded dense all-to-all, a ring of ppermutes), told the largest
+group there can be (``T * min(k, X)`` rows: one device's tokens, each sending one device at most ``X``
+of its choices), which is what a padded form moves per peer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from conformance import compat
+from conformance.kernels._validation import axis_size, require_divisible
+
+#: ``fn(x, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name, capacity)``,
+#: one device's ragged all-to-all (``capacity``: the largest group; an exchange may ignore it).
+Exchange = Callable[..., jax.Array]
+
+
+def validate(
+    name: str,
+    per_token: tuple[str, jax.Array],
+    expert_ids: jax.Array,
+    placement: jax.Array,
+    mesh: jax.sharding.Mesh,
+    axis_name: str,
+) -> int:
+    """Raise ``ValueError`` naming the offending values; return the axis size. ``per_token``: the operand
+    with a row per token, and its name (a dispatch's tokens, a combine's weights)."""
+    n = axis_size(name, mesh, axis_name)
+    what, rows = per_token
+    require_divisible(name, f"rows of {what}", rows.shape[0], n, axis_name)
+    if expert_ids.ndim != 2 or expert_ids.shape[0] != rows.shape[0]:
+        raise ValueError(
+            f"{name}: expert_ids must be [tokens, k] with a row per token ({rows.shape[0]}), got "
+            f"{list(expert_ids.shape)}"
+        )
+    if placement.ndim != 2 or placement.shape[0] != n:
+        raise ValueError(
+            f"{name}: placement must be [n, X] with a row per device (n = {n} devices of axis {axis_name!r}), "
+            f"got {list(placement.shape)}"
+        )
+    for what, array in (("expert_ids", expert_ids), ("placement", placement)):
+        if not jnp.issubdtype(array.dtype, jnp.integer):
+            raise ValueError(f"{name}: {what} must be integers, got {array.dtype}")
+    return n
+
+
+def per_device(body: Callable[..., jax.Array], mesh: jax.sharding.Mesh, axis_name: str, operands) -> jax.Array:
+    """``body(*blocks)`` on each device's blocks of ``operands`` (each sharded along its first dim)."""
+    specs = (P(axis_name),) * len(operands)
+    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(axis_name))(*operands)
+
+
+def xla_exchange(*operands: jax.Array, axis_name: str, capacity: int) -> jax.Array:
+    """XLA's own ``lax.ragged_all_to_all`` (it needs no bound on a group)."""
+    return lax.ragged_all_to_all(*operands, axis_name=axis_name)
+
+
+def _exclusive(sizes: jax.Array, axis: int = 0) -> jax.Array:
+    return jnp.cumsum(sizes, axis=axis) - sizes
+
+
+def routing_tables(
+    expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(device, local, counts)``: each (token, choice)'s expert device and local expert (``[T, k]``
+    each), and every device's rows for every device's every expert (``[n senders, n receivers, X]``)."""
+    x = placement.shape[-1]
+    hosted = lax.all_gather(placement.reshape(x).astype(jnp.int32), axis_name, tiled=True)  # position p: device p // X
+    position = jnp.arange(n * x, dtype=jnp.int32)
+    device = jnp.zeros(n * x, jnp.int32).at[hosted].set(position // x)[expert_ids]
+    local = jnp.zeros(n * x, jnp.int32).at[hosted].set(position % x)[expert_ids]
+    mine = jnp.zeros((n, x), jnp.int32).at[device, local].add(1)
+    return device, local, lax.all_gather(mine, axis_name)
+
+
+def sorted_order(device: jax.Array, local: jax.Array, x: int) -> jax.Array:
+    """The (token, choice) rows, flattened, in (expert device, local expert, token) order."""
+    t, k = device.shape
+    key = (device * x + local) * t + jnp.arange(t, dtype=jnp.int32)[:, None]
+    return jnp.argsort(key.reshape(-1))
+
+
+def regrouped(sizes: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
+    """Rows in groups ``(a, b)`` of ``sizes[a, b]`` each: for each of ``rows`` positions in b-major
+    order (group ``(0, 0), (1, 0), ...``), the position of the same row in a-major order, and whether a
+    row is there (positions past the last group hold none)."""
+    a, b = sizes.shape
+    by_b = sizes.T.reshape(-1)
+    ends = jnp.cumsum(by_b)
+    starts_a = _exclusive(sizes.reshape(-1)).reshape(a, b)
+    p = jnp.arange(rows)
+    g = jnp.searchsorted(ends, p, side="right")
+    held = g < a * b
+    g = jnp.minimum(g, a * b - 1)
+    return jnp.where(held, starts_a[g % a, g // a] + p - (ends - by_b)[g], 0), held
+
+
+def dispatched(
+    tokens: jax.Array, expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str, exchange: Exchange
+) -> jax.Array:
+    """One device's part of a dispatch (the module doc's steps 1 and 2): ``[C, H]``."""
+    t, k = expert_ids.shape
+    x = placement.shape[-1]
+    rows = n * t * min(k, x)
+    me = lax.axis_index(axis_name)
+    device, local, counts = routing_tables(expert_ids, placement, n=n, axis_name=axis_name)
+    order = sorted_order(device, local, x)
+    pairs = counts.sum(-1)  # [senders, receivers]
+    send_sizes = pairs[me]
+    arrived = exchange(
+        tokens[order // k],
+        compat.varying(jnp.zeros((rows, tokens.shape[1]), tokens.dtype), axis_name),
+        _exclusive(send_sizes),
+        send_sizes,
+        _exclusive(pairs, axis=0)[me],
+        pairs[:, me],
+        axis_name=axis_name,
+        capacity=t * min(k, x),
+    )
+    source, held = regrouped(counts[:, me, :], rows)  # expert-major position -> arrival position
+    return jnp.where(held[:, None], arrived[source], jnp.zeros((), tokens.dtype))
+
+
+def combined(
+    expert_rows: jax.Array,
+    weights: jax.Array,
+    expert_ids: jax.Array,
+    placement: jax.Array,
+    *,
+    n: int,
+    axis_name: str,
+    exchange: Exchange,
+) -> jax.Array:
+    """One device's part of a combine (the module doc's steps 1 and 3): ``[T, H]``."""
+    t, k = expert_ids.shape
+    x = placement.shape[-1]
+    me = lax.axis_index(axis_name)
+    device, local, counts = routing_tables(expert_ids, placement, n=n, axis_name=axis_name)
+    pairs = counts.sum(-1)
+    source, held = regrouped(counts[:, me, :].T, expert_rows.shape[0])  # arrival position -> expert-major
+    back = jnp.where(held[:, None], expert_rows[source], jnp.zeros((), expert_rows.dtype))
+    returned = exchange(
+        back,
+        compat.varying(jnp.zeros((t * k, expert_rows.shape[1]), expert_rows.dtype), axis_name),
+        _exclusive(pairs[:, me]),
+        pairs[:, me],
+        _exclusive(pairs, axis=1)[:, me],
+        pairs[me],
+        axis_name=axis_name,
+        capacity=t * min(k, x),
+    )
+    order = sorted_order(device, local, x)
+    chosen = jnp.zeros_like(returned).at[order].set(returned).reshape(t, k, -1)
+    summed = jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), chosen.astype(jnp.float32))
+    return summed.astype(expert_rows.dtype)
