@@ -60,8 +60,8 @@ def validate(
         )
     if placement.ndim != 2 or placement.shape[0] != n:
         raise ValueError(
-            f"{name}: placement must be [n, X] with a row per device (n = {n} devices of axis {axis_name!r}), "
-            f"got {list(placement.shape)}"
+            f"{name}: placement must be [n, X] with a row per device (n = {n} devices of axis "
+            f"{axis_name!r}), got {list(placement.shape)}"
         )
     for what, array in (("expert_ids", expert_ids), ("placement", placement)):
         if not jnp.issubdtype(array.dtype, jnp.integer):
@@ -69,7 +69,9 @@ def validate(
     return n
 
 
-def per_device(body: Callable[..., jax.Array], mesh: jax.sharding.Mesh, axis_name: str, operands) -> jax.Array:
+def per_device(
+    body: Callable[..., jax.Array], mesh: jax.sharding.Mesh, axis_name: str, operands
+) -> jax.Array:
     """``body(*blocks)`` on each device's blocks of ``operands`` (each sharded along its first dim)."""
     specs = (P(axis_name),) * len(operands)
     return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(axis_name))(*operands)
@@ -90,7 +92,9 @@ def routing_tables(
     """``(device, local, counts)``: each (token, choice)'s expert device and local expert (``[T, k]``
     each), and every device's rows for every device's every expert (``[n senders, n receivers, X]``)."""
     x = placement.shape[-1]
-    hosted = lax.all_gather(placement.reshape(x).astype(jnp.int32), axis_name, tiled=True)  # position p: device p // X
+    hosted = lax.all_gather(
+        placement.reshape(x).astype(jnp.int32), axis_name, tiled=True
+    )  # position p: device p // X
     position = jnp.arange(n * x, dtype=jnp.int32)
     device = jnp.zeros(n * x, jnp.int32).at[hosted].set(position // x)[expert_ids]
     local = jnp.zeros(n * x, jnp.int32).at[hosted].set(position % x)[expert_ids]
@@ -100,7 +104,7 @@ def routing_tables(
 
 def sorted_order(device: jax.Array, local: jax.Array, x: int) -> jax.Array:
     """The (token, choice) rows, flattened, in (expert device, local expert, token) order."""
-    t, k = device.shape
+    t, _k = device.shape
     key = (device * x + local) * t + jnp.arange(t, dtype=jnp.int32)[:, None]
     return jnp.argsort(key.reshape(-1))
 
@@ -121,7 +125,13 @@ def regrouped(sizes: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
 
 
 def dispatched(
-    tokens: jax.Array, expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str, exchange: Exchange
+    tokens: jax.Array,
+    expert_ids: jax.Array,
+    placement: jax.Array,
+    *,
+    n: int,
+    axis_name: str,
+    exchange: Exchange,
 ) -> jax.Array:
     """One device's part of a dispatch (the module doc's steps 1 and 2): ``[C, H]``."""
     t, k = expert_ids.shape
@@ -155,8 +165,10 @@ def combined(
     n: int,
     axis_name: str,
     exchange: Exchange,
+    in_token_order: bool = True,
 ) -> jax.Array:
-    """One device's part of a combine (the module doc's steps 1 and 3): ``[T, H]``."""
+    """One device's part of a combine (the module doc's steps 1 and 3): ``[T, H]``. ``in_token_order=False``
+    leaves the returned rows in the order they come back (a self-test's defect)."""
     t, k = expert_ids.shape
     x = placement.shape[-1]
     me = lax.axis_index(axis_name)
@@ -175,6 +187,8 @@ def combined(
         capacity=t * min(k, x),
     )
     order = sorted_order(device, local, x)
-    chosen = jnp.zeros_like(returned).at[order].set(returned).reshape(t, k, -1)
+    chosen = (jnp.zeros_like(returned).at[order].set(returned) if in_token_order else returned).reshape(
+        t, k, -1
+    )
     summed = jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), chosen.astype(jnp.float32))
     return summed.astype(expert_rows.dtype)

@@ -32,6 +32,7 @@ from conformance.selftest import (
     broken_kernels,
     broken_matmul_reduce_scatter_kernels,
     broken_mesh_kernels,
+    broken_moe_kernels,
     broken_overlap_kernels,
     broken_pallas_kernels,
     broken_ragged_kernels,
@@ -55,6 +56,7 @@ BROKEN = (
     broken_reduction_kernels,
     broken_direction_kernels,
     broken_ragged_kernels,
+    broken_moe_kernels,
 )
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}

@@ -98,8 +98,12 @@ def vjp_tolerance(expert_rows, weights, expert_ids, placement, ct, dtype):
     weights'."""
     at = moe_routing.slots(expert_ids, placement)
     d_rows = np.zeros(expert_rows.shape)
-    d_rows[at] = tolerances.matmul_tolerance(weights[..., None, None], ct[:, None, None, :], dtype)[:, :, 0, :]
-    d_weights = tolerances.matmul_tolerance(ct[:, None, :], np.swapaxes(expert_rows[at], 1, 2), dtype)[:, 0, :]
+    d_rows[at] = tolerances.matmul_tolerance(weights[..., None, None], ct[:, None, None, :], dtype)[
+        :, :, 0, :
+    ]
+    d_weights = tolerances.matmul_tolerance(ct[:, None, :], np.swapaxes(expert_rows[at], 1, 2), dtype)[
+        :, 0, :
+    ]
     return d_rows, d_weights
 
 
@@ -115,8 +119,8 @@ def _most_back(d: Dims, n: int, itemsize: int) -> int:
 
 MOE_COMBINE = FamilySpec(
     name="moe_combine",
-    summary="expert_rows[n*C,H] (a dispatch's layout), weights[n*T,k], expert_ids[n*T,k], placement[n,X], all "
-    "P(axis) -> each token's weighted sum of its k rows, [n*T,H] P(axis)",
+    summary="expert_rows[n*C,H] (a dispatch's layout), weights[n*T,k], expert_ids[n*T,k], placement[n,X], "
+    "all P(axis) -> each token's weighted sum of its k rows, [n*T,H] P(axis)",
     operands=(
         Operand("expert_rows", lambda a: P(a), _rows_shape),
         Operand("weights", lambda a: P(a), _choices_shape),
@@ -132,14 +136,14 @@ MOE_COMBINE = FamilySpec(
     dtypes=("float32", "bfloat16", "float16"),
     reference=reference,
     tolerance=tolerance,
-    allowed_collectives=frozenset({"all-to-all", "ragged-all-to-all", "collective-permute", "all-gather"}),
+    allowed_collectives=moe_routing.COLLECTIVES,
     max_received_bytes=moe_routing.padded_exchange_bytes,
     min_received_bytes=_most_back,
     byte_bound_text=moe_routing.PADDED_EXCHANGE_TEXT,
     bad_inputs=_bad_inputs,
     vjp_reference=vjp_reference,
     vjp_tolerance=vjp_tolerance,
-    backward_allowed_collectives=frozenset({"all-to-all", "ragged-all-to-all", "collective-permute", "all-gather"}),
+    backward_allowed_collectives=moe_routing.COLLECTIVES,
     backward_max_received_bytes=lambda d, n, itemsize: 2 * moe_routing.padded_exchange_bytes(d, n, itemsize),
     backward_byte_bound_text="the rows back to their tokens and the cotangents out to their experts: twice "
     "the forward bound, " + moe_routing.PADDED_EXCHANGE_TEXT,

@@ -111,7 +111,11 @@ MOE_DISPATCH = FamilySpec(
     name="moe_dispatch",
     summary="tokens[n*T,H], expert_ids[n*T,k], placement[n,X], all P(axis) -> each device's experts' rows, "
     "expert-major in token order, zero after, [n*C,H] P(axis), C = n*T*min(k,X)",
-    operands=(Operand("tokens", lambda a: P(a), _tokens_shape), moe_routing.EXPERT_IDS, moe_routing.PLACEMENT),
+    operands=(
+        Operand("tokens", lambda a: P(a), _tokens_shape),
+        moe_routing.EXPERT_IDS,
+        moe_routing.PLACEMENT,
+    ),
     out_spec=lambda a: P(a),
     out_shape=_rows_shape,
     dims=moe_routing.DIMS,
@@ -124,14 +128,17 @@ MOE_DISPATCH = FamilySpec(
     tolerance=lambda tokens, expert_ids, placement, dtype: tolerances.data_movement_tolerance(
         reference(tokens, expert_ids, placement).shape
     ),
-    allowed_collectives=frozenset({"all-to-all", "ragged-all-to-all", "collective-permute", "all-gather"}),
+    allowed_collectives=moe_routing.COLLECTIVES,
     max_received_bytes=moe_routing.padded_exchange_bytes,
-    min_received_bytes=lambda d, n, itemsize: moe_routing.most_received(d, n, back=False) * d["hidden"] * itemsize,
+    min_received_bytes=lambda d, n, itemsize: (
+        moe_routing.most_received(d, n, back=False) * d["hidden"] * itemsize
+    ),
     byte_bound_text=moe_routing.PADDED_EXCHANGE_TEXT,
     bad_inputs=_bad_inputs,
     vjp_reference=vjp_reference,
     vjp_tolerance=vjp_tolerance,
-    backward_allowed_collectives=frozenset({"all-to-all", "ragged-all-to-all", "collective-permute", "all-gather"}),
+    # a gather's transpose is a reduce-scatter
+    backward_allowed_collectives=moe_routing.COLLECTIVES | {"reduce-scatter"},
     backward_max_received_bytes=moe_routing.padded_exchange_bytes,
     backward_byte_bound_text="the rows' cotangents back to their tokens: " + moe_routing.PADDED_EXCHANGE_TEXT,
     block_tags=_block_tags,

@@ -8,8 +8,8 @@ top ``k`` experts of ``E = n * X`` (``X`` the ``experts_per_device`` dim; ``k`` 
 experts token ``t`` goes to, in the router's order (the order its weights come in, not sorted).
 
 **Placement.** ``placement[n, X]`` int32, sharded ``P(axis)``: row ``d`` (device ``d``'s shard) lists the
-``X`` experts device ``d`` hosts, in the order its rows group them. The suite passes ``arange(E)`` (expert ``e`` on device
-``e // X``, the contiguous layout of an expert-parallel mesh); a kernel may read its shard for its own
+``X`` experts device ``d`` hosts, in the order its rows group them. The suite passes ``arange(E)``
+(expert ``e`` on device ``e // X``, the contiguous layout of an expert-parallel mesh); a kernel may read its shard for its own
 experts, and must not assume more than the operand says. Its shape tells a kernel (and the reference)
 ``n`` and ``X``, as an expert-weight operand would.
 
@@ -87,7 +87,7 @@ def placement(d: Dims, n: int) -> np.ndarray:
 
 def rows_per_device(ids: np.ndarray, where: np.ndarray) -> int:
     """``C`` of ``ids[n*T, k]`` and ``where[n, X]`` (the placement)."""
-    n, x = where.shape
+    _n, x = where.shape
     return ids.shape[0] * min(ids.shape[1], x)
 
 
@@ -140,6 +140,11 @@ def padded_exchange_bytes(d: Dims, n: int, itemsize: int) -> int:
     return (n - 1) * (rows * d["hidden"] * itemsize + (t_per * k + (n + 1) * x) * ROUTING_ITEMSIZE)
 
 
+#: What either trip may move by: rows by all-to-all (XLA's ragged one included) or collective-permutes,
+#: all of them by all-gather (each token to each device), and the routing's few ints by an all-gather
+#: (which XLA:TPU compiles as an all-reduce at these sizes).
+COLLECTIVES = frozenset({"all-to-all", "ragged-all-to-all", "collective-permute", "all-gather", "all-reduce"})
+
 PADDED_EXCHANGE_TEXT = (
     "each device may receive at most a padded buffer of T * min(k, X) rows from each of the n-1 others "
     "(as many as one device can send another) and the routing: an int per row and per expert"
@@ -187,7 +192,11 @@ def bad_inputs(first: str, n: int, *, shapes) -> tuple[BadInput, ...]:
         ),
     )
     unknown_axis = (
-        BadInput("axis_name 'nonexistent_axis' is not a mesh axis", shapes(2 * n), "nonexistent_axis",
-                 ("nonexistent_axis",)),
+        BadInput(
+            "axis_name 'nonexistent_axis' is not a mesh axis",
+            shapes(2 * n),
+            "nonexistent_axis",
+            ("nonexistent_axis",),
+        ),
     )
     return (divisibility if n > 1 else ()) + unknown_axis

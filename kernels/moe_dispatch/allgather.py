@@ -7,6 +7,11 @@ every other device's ``T`` tokens whatever the routing (``(n - 1) * T`` rows), w
 bound (a padded exchange's ``T * min(k, X)`` rows a peer) and fewer than a padded exchange moves where
 ``k > 1``; more than the rows routed to it where few are. What it shows beside the sorted forms: a
 dispatch that never computes an offset.
+
+Forward only, as a serving stack's dispatch is: its transpose is a reduce-scatter of every token's
+cotangent, which XLA:TPU compiles at the family's sizes as an all-reduce of the whole ``[n*T, H]``
+array (on v5e:2x4 in float16, 10920 bytes a device where the family's backward bound is 1344), so it
+declares no gradient rather than one no TPU would want.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import conformance
 from conformance.kernels import _moe
 
 
-def kept(tokens: jax.Array, expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str) -> jax.Array:
+def kept(
+    tokens: jax.Array, expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str
+) -> jax.Array:
     """One device's part (the module doc's algorithm): ``[C, H]``."""
     t, k = expert_ids.shape
     hosted = placement.reshape(-1)
@@ -36,7 +43,6 @@ def kept(tokens: jax.Array, expert_ids: jax.Array, placement: jax.Array, *, n: i
 @conformance.register(
     "moe_dispatch",
     name="allgather_moe_dispatch",
-    differentiable=True,
     description="all-gather every token and its choices, keep this device's experts' rows",
 )
 def allgather_moe_dispatch(
@@ -44,5 +50,8 @@ def allgather_moe_dispatch(
 ) -> jax.Array:
     n = _moe.validate("allgather_moe_dispatch", ("tokens", tokens), expert_ids, placement, mesh, axis_name)
     return _moe.per_device(
-        lambda *blocks: kept(*blocks, n=n, axis_name=axis_name), mesh, axis_name, (tokens, expert_ids, placement)
+        lambda *blocks: kept(*blocks, n=n, axis_name=axis_name),
+        mesh,
+        axis_name,
+        (tokens, expert_ids, placement),
     )

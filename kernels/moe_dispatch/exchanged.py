@@ -16,14 +16,26 @@ import jax
 import conformance
 from conformance.kernels import _moe
 from conformance.kernels.ragged_all_to_all.dense import exchanged as dense_exchange
+from conformance.kernels.ragged_all_to_all.ring import LONGEST_RING
 from conformance.kernels.ragged_all_to_all.ring import shifted as ring_exchange
 
 
 def _dispatch(name: str, exchange: _moe.Exchange):
     def dispatch(
-        tokens: jax.Array, expert_ids: jax.Array, placement: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+        tokens: jax.Array,
+        expert_ids: jax.Array,
+        placement: jax.Array,
+        *,
+        mesh: jax.sharding.Mesh,
+        axis_name: str,
     ) -> jax.Array:
         n = _moe.validate(name, ("tokens", tokens), expert_ids, placement, mesh, axis_name)
+        if exchange is ring_exchange and n > LONGEST_RING:
+            conformance.refuse_on_tpu(
+                f"{name} unrolls its n-1 = {n - 1} ring steps: it takes rings of up to {LONGEST_RING} "
+                "(on 256 v5e chips the unrolled ring compiles to 317 MiB of code in 48 s); "
+                "the dense form takes any"
+            )
         body = functools.partial(_moe.dispatched, n=n, axis_name=axis_name, exchange=exchange)
         return _moe.per_device(body, mesh, axis_name, (tokens, expert_ids, placement))
 

@@ -1,0 +1,233 @@
+"""MoE dispatch and combine kernels broken in one way each, the ways token routing breaks.
+
+Each is a built-in form (:mod:`conformance.kernels.moe_dispatch`, :mod:`conformance.kernels.moe_combine`)
+with one defect; the check meant for it must reject it (``EXPECTED_REJECTION``), naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import conformance
+from conformance import compat
+from conformance.kernels import _moe
+from conformance.kernels.ragged_all_to_all.dense import exchanged as dense_exchange
+
+EXPECTED_REJECTION: dict[str, str] = {
+    "broken_moe_dispatch_rows_in_arrival_order": "test_values",
+    "broken_moe_dispatch_offsets_read_on_the_receivers_side": "test_values",
+    "broken_moe_dispatch_drops_tokens_past_a_capacity": "test_values",
+    "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "test_gradients",
+    "broken_moe_combine_weights_in_expert_order": "test_values",
+    "broken_moe_combine_gathers_every_expert_row": "test_collectives",
+}
+EXPECTED_MESSAGE: dict[str, str] = {
+    "broken_moe_dispatch_rows_in_arrival_order": "in the order the exchange delivers them",
+    "broken_moe_dispatch_offsets_read_on_the_receivers_side": "values differ from the numpy float64",
+    "broken_moe_dispatch_drops_tokens_past_a_capacity": "values differ from the numpy float64 reference",
+    "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "d_tokens",
+    "broken_moe_combine_weights_in_expert_order": "in expert-id order",
+    "broken_moe_combine_gathers_every_expert_row": "bytes",
+}
+
+
+def _dispatch(name: str, body):
+    """A dispatch kernel of ``body(tokens, expert_ids, placement, *, n)`` per device."""
+
+    def kernel(tokens, expert_ids, placement, *, mesh, axis_name):
+        n = _moe.validate(name, ("tokens", tokens), expert_ids, placement, mesh, axis_name)
+        blocks = functools.partial(body, n=n, axis_name=axis_name)
+        return _moe.per_device(blocks, mesh, axis_name, (tokens, expert_ids, placement))
+
+    return kernel
+
+
+@conformance.register("moe_dispatch", name="broken_moe_dispatch_rows_in_arrival_order")
+def broken_moe_dispatch_rows_in_arrival_order(tokens, expert_ids, placement, *, mesh, axis_name):
+    """Skips the permute to expert-major order: each expert device's rows stay sender-major."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        t, k = expert_ids.shape
+        x = placement.shape[-1]
+        me = lax.axis_index(axis_name)
+        device, local, counts = _moe.routing_tables(expert_ids, placement, n=n, axis_name=axis_name)
+        order = _moe.sorted_order(device, local, x)
+        pairs = counts.sum(-1)
+        return dense_exchange(
+            tokens[order // k],
+            compat.varying(jnp.zeros((n * t * min(k, x), tokens.shape[1]), tokens.dtype), axis_name),
+            jnp.cumsum(pairs[me]) - pairs[me],
+            pairs[me],
+            (jnp.cumsum(pairs, 0) - pairs)[me],
+            pairs[:, me],
+            axis_name=axis_name,
+            capacity=t * min(k, x),
+        )
+
+    return _dispatch("broken_moe_dispatch_rows_in_arrival_order", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register("moe_dispatch", name="broken_moe_dispatch_offsets_read_on_the_receivers_side")
+def broken_moe_dispatch_offsets_read_on_the_receivers_side(tokens, expert_ids, placement, *, mesh, axis_name):
+    """Tells the exchange, as each group's ``output_offsets``, the slot this device gives that peer's
+    group when it receives, not the slot the peer gives this device's (marin's sender-offsets bug)."""
+
+    def receivers_side(
+        x, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name, capacity
+    ):
+        return dense_exchange(
+            x,
+            output,
+            input_offsets,
+            send_sizes,
+            jnp.cumsum(recv_sizes) - recv_sizes,
+            recv_sizes,
+            axis_name=axis_name,
+            capacity=capacity,
+        )
+
+    body = functools.partial(_moe.dispatched, exchange=receivers_side)
+    return _dispatch("broken_moe_dispatch_offsets_read_on_the_receivers_side", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register("moe_dispatch", name="broken_moe_dispatch_drops_tokens_past_a_capacity")
+def broken_moe_dispatch_drops_tokens_past_a_capacity(tokens, expert_ids, placement, *, mesh, axis_name):
+    """Gives each expert room for ``2 * T`` rows (a capacity factor) and drops the tokens past it: right
+    while the routing is even, wrong once an expert is hot."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        t, k = expert_ids.shape
+        hosted = placement.reshape(-1)
+        rows = n * t * min(k, hosted.shape[0])
+        everyone = lax.all_gather(tokens, axis_name, tiled=True)
+        chosen = lax.all_gather(expert_ids, axis_name, tiled=True)
+        routed = (chosen[None, :, :] == hosted[:, None, None]).any(-1)
+        routed &= jnp.cumsum(routed, axis=1) <= 2 * t  # the capacity: later tokens dropped
+        flat = routed.reshape(-1)
+        slot = jnp.where(flat, jnp.cumsum(flat) - 1, rows)
+        source = jnp.tile(jnp.arange(n * t), hosted.shape[0])
+        return jnp.zeros((rows, tokens.shape[1]), tokens.dtype).at[slot].set(everyone[source], mode="drop")
+
+    return _dispatch("broken_moe_dispatch_drops_tokens_past_a_capacity", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _dispatched_with_unsorted_backward(tokens, expert_ids, placement, n, axis_name):
+    return _moe.dispatched(tokens, expert_ids, placement, n=n, axis_name=axis_name, exchange=dense_exchange)
+
+
+def _forward(tokens, expert_ids, placement, n, axis_name):
+    out = _dispatched_with_unsorted_backward(tokens, expert_ids, placement, n, axis_name)
+    return out, (expert_ids, placement)
+
+
+def _backward(n, axis_name, residuals, ct):
+    """The rows' cotangents back to their tokens as a combine with unit weights would bring them, but
+    summed in the order they come back (the dispatch's sorted order), not un-sorted to token order."""
+    expert_ids, placement = residuals
+    ones = jnp.ones(expert_ids.shape, jnp.float32)
+    d_tokens = _moe.combined(
+        ct,
+        ones,
+        expert_ids,
+        placement,
+        n=n,
+        axis_name=axis_name,
+        exchange=dense_exchange,
+        in_token_order=False,
+    )
+    return d_tokens, None, None
+
+
+_dispatched_with_unsorted_backward.defvjp(_forward, _backward)
+
+
+@conformance.register(
+    "moe_dispatch",
+    name="broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order",
+    differentiable=True,
+)
+def broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order(
+    tokens, expert_ids, placement, *, mesh, axis_name
+):
+    """A right forward; its backward sums each token's ``k`` cotangent rows from the rows in the order
+    the dispatch sorted them, so token ``t`` gets the cotangents of whichever rows sorted to its place."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        return _dispatched_with_unsorted_backward(tokens, expert_ids, placement, n, axis_name)
+
+    return _dispatch("broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+def _combine(name: str, body):
+    def kernel(expert_rows, weights, expert_ids, placement, *, mesh, axis_name):
+        n = _moe.validate(name, ("weights", weights), expert_ids, placement, mesh, axis_name)
+        blocks = functools.partial(body, n=n, axis_name=axis_name)
+        return _moe.per_device(blocks, mesh, axis_name, (expert_rows, weights, expert_ids, placement))
+
+    return kernel
+
+
+@conformance.register("moe_combine", name="broken_moe_combine_weights_in_expert_order")
+def broken_moe_combine_weights_in_expert_order(
+    expert_rows, weights, expert_ids, placement, *, mesh, axis_name
+):
+    """Takes each token's rows in expert-id order (as the expert devices sort them) but its weights in
+    the router's order: ``weights[t, j]`` lands on the ``j``-th smallest expert's row."""
+
+    def body(expert_rows, weights, expert_ids, placement, *, n, axis_name):
+        by_expert = jnp.argsort(expert_ids, axis=1)  # row m of the sorted rows is choice by_expert[m]
+        # sum_m w[m] * row[by_expert[m]] = sum_j w[inverse[j]] * row[j]
+        inverse = jnp.argsort(by_expert, axis=1)
+        misplaced = jnp.take_along_axis(weights, inverse, axis=1)
+        return _moe.combined(
+            expert_rows, misplaced, expert_ids, placement, n=n, axis_name=axis_name, exchange=dense_exchange
+        )
+
+    return _combine("broken_moe_combine_weights_in_expert_order", body)(
+        expert_rows, weights, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register("moe_combine", name="broken_moe_combine_gathers_every_expert_row")
+def broken_moe_combine_gathers_every_expert_row(
+    expert_rows, weights, expert_ids, placement, *, mesh, axis_name
+):
+    """Right values, by gathering every device's expert rows whole and reading each token's own: ``n``
+    times the rows it needs, past the family's byte bound."""
+
+    def body(expert_rows, weights, expert_ids, placement, *, n, axis_name):
+        t, _k = expert_ids.shape
+        x = placement.shape[-1]
+        rows = expert_rows.shape[0]
+        everywhere = lax.all_gather(expert_rows, axis_name, tiled=True)  # [n*C, H]
+        hosted = lax.all_gather(placement.reshape(x), axis_name, tiled=True)
+        all_ids = lax.all_gather(expert_ids, axis_name, tiled=True)  # [n*T, k]
+        me = lax.axis_index(axis_name)
+        # the slot of (token, choice) on its expert device: the token's rank among the expert's tokens
+        position = jnp.zeros(n * x, jnp.int32).at[hosted].set(jnp.arange(n * x, dtype=jnp.int32))
+        routed = (all_ids[None, :, :] == hosted[:, None, None]).any(-1)  # [E positions, n*T]
+        per_device = routed.reshape(n, x, -1)
+        rank = (jnp.cumsum(per_device.reshape(n, -1), axis=1) - 1).reshape(n, x, -1)
+        mine = me * t + jnp.arange(t)
+        p = position[expert_ids]  # [t, k]
+        slot = (p // x) * rows + rank[p // x, p % x, mine[:, None]]
+        chosen = everywhere[slot]
+        summed = jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), chosen.astype(jnp.float32))
+        return summed.astype(expert_rows.dtype)
+
+    return _combine("broken_moe_combine_gathers_every_expert_row", body)(
+        expert_rows, weights, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
