@@ -9,9 +9,9 @@ experts token ``t`` goes to, in the router's order (the order its weights come i
 
 **Placement.** ``placement[n, X]`` int32, sharded ``P(axis)``: row ``d`` (device ``d``'s shard) lists the
 ``X`` experts device ``d`` hosts, in the order its rows group them. The suite passes ``arange(E)``
-(expert ``e`` on device ``e // X``, the contiguous layout of an expert-parallel mesh); a kernel may read its shard for its own
-experts, and must not assume more than the operand says. Its shape tells a kernel (and the reference)
-``n`` and ``X``, as an expert-weight operand would.
+(expert ``e`` on device ``e // X``, the contiguous layout of an expert-parallel mesh); a kernel may
+read its shard for its own experts, and must not assume more than the operand says. Its shape tells a
+kernel (and the reference) ``n`` and ``X``, as an expert-weight operand would.
 
 **The experts' rows** (what a dispatch returns and a combine takes): device ``d`` holds ``C = n * T *
 min(k, X)`` rows of ``[C, H]`` (the most a device can receive: every token sending it all the rows it
