@@ -52,14 +52,12 @@ def shifted(
     *,
     axis_name: str,
     shifts: Sequence[int] | None = None,
-    capacity: int | None = None,
 ) -> jax.Array:
     """One device's part (the module doc's algorithm); ``recv_sizes`` is not read: each group comes
-    with its size. ``shifts``: the ring shifts it visits, in order (default: 0 .. n-1, every peer);
-    ``capacity``: the most rows a group can have, where the caller knows a bound below ``min(R, S)``."""
+    with its size. ``shifts``: the ring shifts it visits, in order (default: 0 .. n-1, every peer)."""
     n = send_sizes.shape[0]
     me = lax.axis_index(axis_name)
-    capacity = min(x.shape[0], output.shape[0], capacity or x.shape[0])
+    capacity = min(x.shape[0], output.shape[0])
     result = output
     for k in range(n) if shifts is None else shifts:
         peer = (me + k) % n
