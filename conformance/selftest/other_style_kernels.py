@@ -77,6 +77,17 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_values",
         "test_collectives",
     },
+    # An MoE combine that never sorts and never exchanges offsets: every device gathers the choices,
+    # works out where each of a token device's rows sits, and n - 1 ppermute shifts bring each device
+    # its rows, one peer a shift. The checks must read its collective-permutes and gathered ints within
+    # the family's bound, and its gradient as the transposed shifts.
+    "correct_moe_combine_ppermute_shifts": {
+        "test_values",
+        "test_collectives",
+        "test_gradients",
+        "test_backward_collectives",
+        "test_lowered_bytes",
+    },
 }
 #: A skip with this text is the host's limit, not the kernel's failure.
 HOST_LIMIT = "this host cannot lower this kernel for TPU"
@@ -319,3 +330,60 @@ def correct_reduce_scatter_bidirectional_by_columns(x, *, mesh, axis_name):
         return jnp.concatenate([left, right], axis=1).astype(block.dtype)
 
     return jax.shard_map(body, mesh=mesh, in_specs=P(axis_name, None, None), out_specs=P(axis_name, None))(x)
+
+
+@conformance.register(
+    "moe_combine",
+    name="correct_moe_combine_ppermute_shifts",
+    differentiable=True,
+    description="gathered choices, then n-1 ppermute shifts, each bringing one peer's rows",
+)
+def correct_moe_combine_ppermute_shifts(expert_rows, weights, expert_ids, placement, *, mesh, axis_name):
+    n = mesh.shape[axis_name]
+    if weights.shape[0] % n:
+        raise ValueError(
+            f"{weights.shape[0]} rows of weights do not divide among {n} devices of {axis_name!r}"
+        )
+
+    def body(rows, w, ids, hosted):
+        t, k = ids.shape
+        x = hosted.shape[-1]
+        me = lax.axis_index(axis_name)
+        room = t * min(k, x)  # the most rows one device holds for one token device
+        every_ids = lax.all_gather(ids, axis_name, tiled=True)  # [n*T, k]
+        every_expert = lax.all_gather(hosted.reshape(x), axis_name, tiled=True)  # [E]: position p on p // x
+        position = jnp.zeros(n * x, jnp.int32).at[every_expert].set(jnp.arange(n * x, dtype=jnp.int32))
+        # where each (token, choice) of every device sits on its expert device: its expert's group start
+        # there, plus how many earlier tokens chose that expert
+        chose = (every_ids[:, :, None] == every_expert[None, None, :]).any(1)  # [n*T, E positions]
+        per_device = chose.reshape(n * t, n, x).sum(0)  # [n, x]: rows of each expert
+        start = (jnp.cumsum(per_device, axis=1) - per_device).reshape(-1)  # by position
+        rank = jnp.cumsum(chose, axis=0) - 1  # [n*T, E positions]
+        p = position[every_ids]  # [n*T, k]
+        slot = start[p] + jnp.take_along_axis(rank, p, axis=1)  # row on device p // x
+        owner = p // x
+
+        def for_token_device(i, d):
+            """Device d's rows for token device i's choices, in (token, choice) order, padded: the
+            slots (on d) to read, and where each lands among i's t*k choices."""
+            mine = lax.dynamic_slice_in_dim(owner, i * t, t).reshape(-1) == d
+            order = jnp.argsort(~mine, stable=True)[:room]  # i's choices on d first
+            kept = mine[order]
+            read = jnp.where(kept, lax.dynamic_slice_in_dim(slot, i * t, t).reshape(-1)[order], 0)
+            return read, jnp.where(kept, order, t * k)
+
+        got = jnp.zeros((t * k, rows.shape[1]), rows.dtype)
+        for shift in range(n):
+            read, _ = for_token_device((me + shift) % n, me)  # what this device owes the one `shift` on
+            sent = rows[read]
+            arrived = (
+                lax.ppermute(sent, axis_name, [(j, (j + shift) % n) for j in range(n)]) if shift else sent
+            )
+            _, land = for_token_device(me, (me - shift) % n)
+            got = got.at[land].set(arrived, mode="drop")
+        chosen = got.reshape(t, k, -1).astype(jnp.float32)
+        return jnp.einsum("tk,tkh->th", w.astype(jnp.float32), chosen).astype(rows.dtype)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name),) * 4, out_specs=P(axis_name))(
+        expert_rows, weights, expert_ids, placement
+    )
