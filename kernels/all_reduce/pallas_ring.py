@@ -1,23 +1,28 @@
-"""All-reduce as two Pallas TPU ring kernels: the reduce-scatter ring, then the all-gather ring.
+"""All-reduce as one Pallas TPU ring kernel: the reduce-scatter ring, then the sums round the same ring.
 
-Algorithm. The reduce-scatter kernel (:mod:`conformance.kernels.reduce_scatter.pallas_ring`) leaves
-device ``d`` with row block ``d`` of the sum, added in float32 VMEM accumulators and rounded once to
-the partials' dtype; the all-gather kernel (:mod:`conformance.kernels.all_gather.pallas_ring`) copies
-the n rounded blocks to every device by remote DMA. Every replica is then the same bits: each block is
-summed once, on its owner, and only copied after. Each kernel has its own barrier and leaves no
-semaphore with a count, so the second may follow the first on the same ``collective_id``. Bytes: the
-reduce-scatter's ``(n-1)/n`` of a partial in float32, then ``(n-1)/n`` of the result in its dtype.
+Algorithm (JAX's Pallas TPU tutorial's all-reduce, bidirectional). The reduce-scatter kernel's rings
+(:mod:`conformance.kernels.reduce_scatter.pallas_ring`: half of each block each way, float32 VMEM
+accumulators, two buffers a direction, a barrier first, a credit before a buffer is written again) leave
+device ``d`` with row block ``d`` of the sum; it rounds that once to the partials' dtype, writes it to
+its output, and for ``n - 1`` more steps of the same rings forwards the block it received last straight
+into the next device's output (remote DMA to the same block there). Every replica is the same bits:
+each block is summed once, on its owner, and only copied after. One kernel, one barrier: the gather
+steps continue the reduce steps' semaphores and credits (a device waits for a credit before the third
+step on a link and for its send of two steps back, so no wait can be satisfied by another step's bytes),
+and every send is waited and every credit consumed before it returns. Bytes: ``(n-1)/n`` of a partial
+in the accumulators' dtype, then ``(n-1)/n`` of the result in its own.
 
-A ring of one runs neither kernel: the partial is the sum. The ``shard_map`` declares the result
-replicated (``check_vma=False``: it cannot see inside the kernels).
+A ring of one runs no kernel: the partial is the sum. The ``shard_map`` declares the result
+replicated (``check_vma=False``: it cannot see inside the kernel).
 
 Backward. Every partial adds to the whole replicated result, so each device's gradient is the
 cotangent as it is: a ``custom_vjp`` around the ``shard_map`` hands it to each device, moving nothing.
 
-Limits. The reduce-scatter kernel's (partials of a few MiB, in VMEM) and the all-gather kernel's: on a
-TPU it refuses what Mosaic refuses of its DMA windows, naming the rule. float16 partials are summed in
-float32 and their float16 blocks are gathered as bfloat16 bits (Mosaic takes no float16 arguments; a
-DMA moves bits whatever their type).
+Limits. The reduce-scatter kernel's: the partial, its result and the accumulator buffers in VMEM
+(partials of a few MiB); on a TPU it refuses what Mosaic refuses of its DMA windows, naming the rule.
+float16 partials enter a compiled kernel widened to float32 (Mosaic takes no float16 arguments, nor
+a cast to float16 inside a kernel): each block's float32 sum is gathered as it is and rounded after the
+kernel, the same bits on every device, so the replicas still agree; the gather then moves float32.
 """
 
 from __future__ import annotations
@@ -25,17 +30,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-from jax import lax
 
 import conformance
 from conformance.kernels._reduction import REDUCTIONS, all_reduced, combine, validate
-from conformance.kernels.all_gather.pallas_ring import gathered_shards
 from conformance.kernels.reduce_scatter.pallas_ring import scattered_partial
 from conformance.specs.all_reduce import ALL_REDUCE
-
-#: Element types gathered as the bits of another of their width (Mosaic takes no float16 arguments).
-GATHERED_AS = {jnp.dtype(jnp.float16): jnp.dtype(jnp.bfloat16)}
 
 
 def _all_reduce(
@@ -53,7 +52,7 @@ def _all_reduce(
     mesh_axes = tuple(mesh.axis_names)
 
     def per_device(block: jax.Array) -> jax.Array:
-        mine = scattered_partial(
+        return scattered_partial(
             block[0],
             axis_name=axis_name,
             mesh_axes=mesh_axes,
@@ -61,18 +60,8 @@ def _all_reduce(
             bidirectional=bidirectional,
             name=name,
             reduction=reduction,
+            gather=True,
         )
-        carrier = GATHERED_AS.get(mine.dtype) if not interpret else None
-        moved = lax.bitcast_convert_type(mine, carrier) if carrier is not None else mine
-        every = gathered_shards(
-            moved,
-            axis_name=axis_name,
-            mesh_axes=mesh_axes,
-            interpret=interpret,
-            bidirectional=bidirectional,
-            name=name,
-        )
-        return lax.bitcast_convert_type(every, mine.dtype) if carrier is not None else every
 
     return all_reduced(per_device, x, mesh=mesh, axis_name=axis_name)
 
@@ -85,7 +74,7 @@ def _all_reduce(
     differentiable=True,
     dtypes=ALL_REDUCE.dtypes,
     reductions=REDUCTIONS,
-    description="the Pallas reduce-scatter and all-gather rings, half of each block each way",
+    description="one Pallas kernel: the reduce-scatter rings, then the rounded sums round the same rings",
 )
 def pallas_ring_all_reduce_bidirectional(
     x: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, interpret: Any = False, reduction: str = "add"

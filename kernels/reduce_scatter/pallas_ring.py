@@ -98,10 +98,12 @@ def _ring_kernel(
     directions: int,
     reduction: str = "add",
     protocol: Protocol = SAFE,
+    gather: bool = False,
 ) -> None:
     """``directions`` rings (1: leftwards; 2: top rows leftwards, bottom rows rightwards). ``refs``:
-    the inputs ``x[n, rows, cols]`` of each direction, its outputs ``[rows, cols]``, then per direction
-    send and receive buffers, send and receive DMA semaphores and a credit semaphore."""
+    the inputs ``x[n, rows, cols]`` of each direction, its outputs ``[rows, cols]`` (``gather``: every
+    block, ``[n, rows, cols]``), then per direction send and receive buffers, send and receive DMA
+    semaphores and a credit semaphore."""
     inputs, outputs = refs[:directions], refs[directions : 2 * directions]
     scratch = refs[2 * directions :]
     n = lax.axis_size(axis_name)
@@ -138,7 +140,9 @@ def _ring_kernel(
             pl.semaphore_wait(barrier, 2)
 
     steps = n - 1
+    every_step = 2 * steps if gather else steps  # the gather steps follow on the same semaphores
     sent: list[list[Any]] = []
+    waited: set[int] = set()  # the steps whose sends have been waited for
     for step in range(steps):
         slot = jnp.int32(step % IN_FLIGHT)
         with jax.named_scope(f"ring_step_{step}_send"):
@@ -156,18 +160,53 @@ def _ring_kernel(
             for k, (x_ref, o_ref, send, recv, _, _, credit, hop, _, upstream) in enumerate(rings):
                 sent[step][k].wait_recv()
                 total = COMBINE[reduction](recv[slot], x_ref[block(hop, step + 1)].astype(recv.dtype))
-                if step + IN_FLIGHT < steps and protocol.credits:  # upstream will write this slot again
+                if step + IN_FLIGHT < every_step and protocol.credits:  # upstream will write this slot again
                     pl.semaphore_signal(credit, 1, device_id=upstream)
-                if step == steps - 1:
+                if step == steps - 1 and gather:  # this device's block, rounded once, to be gathered
+                    o_ref[me] = total.astype(o_ref.dtype)
+                elif step == steps - 1:
                     o_ref[...] = total.astype(o_ref.dtype)
                 else:
                     if step >= 1:  # the DMA of step - 1 read the buffer written next
                         sent[step - 1][k].wait_send()
                     send[jnp.int32((step + 1) % IN_FLIGHT)] = total
+            if 1 <= step < steps - 1:
+                waited.add(step - 1)
 
-    with jax.named_scope("drain"):  # the last step's send, and the one before it (no buffer followed it)
-        for k in range(directions):
-            for step in range(max(0, steps - (IN_FLIGHT if protocol.drain_every_send else 1)), steps):
+    for g in range(steps if gather else 0):  # the sums go round the same ring, each block once
+        step = steps + g
+        slot = jnp.int32(step % IN_FLIGHT)
+        with jax.named_scope(f"gather_step_{g}_send"):
+            prior = step - IN_FLIGHT  # the step whose send semaphores this one reuses
+            if prior >= 0 and prior not in waited:
+                for k in range(directions):
+                    sent[prior][k].wait_send()
+                waited.add(prior)
+            now = []
+            for _, o_ref, _, _, send_sems, recv_sems, credit, hop, downstream, _ in rings:
+                if step >= IN_FLIGHT and protocol.credits:  # downstream has waited for this slot's last
+                    pl.semaphore_wait(credit, 1)
+                block_sent = ring(me + hop * g + n)  # this device's own at g = 0, then what it received
+                dma = pltpu.make_async_remote_copy(
+                    o_ref.at[block_sent],
+                    o_ref.at[block_sent],
+                    send_sems.at[slot],
+                    recv_sems.at[slot],
+                    device_id=downstream,
+                )
+                dma.start()
+                now.append(dma)
+            sent.append(now)
+        with jax.named_scope(f"gather_step_{g}_receive"):
+            for k, (_, _, _, _, _, _, credit, _, _, upstream) in enumerate(rings):
+                sent[step][k].wait_recv()
+                if step + IN_FLIGHT < every_step and protocol.credits:
+                    pl.semaphore_signal(credit, 1, device_id=upstream)
+
+    with jax.named_scope("drain"):  # every send not yet waited (the last one only, with the knob off)
+        unwaited = [step for step in range(every_step) if step not in waited]
+        for step in unwaited if protocol.drain_every_send else unwaited[-1:]:
+            for k in range(directions):
                 sent[step][k].wait_send()
 
 
@@ -200,10 +239,13 @@ def scattered_partial(
     reduction: str = "add",
     protocol: Protocol = SAFE,
     cut: Callable[[int], tuple[int, int]] | None = None,
+    gather: bool = False,
 ) -> jax.Array:
     """This device's row block of the sum of every device's ``partial[M, cols]``, by the ring kernel,
     rounded once to ``partial``'s dtype: called on each device inside a ``shard_map`` over ``axis_name``
-    (``cut``: a block's rows -> the rows sent left and right, the self-tests' knob; the halves)."""
+    (``cut``: a block's rows -> the rows sent left and right, the self-tests' knob; the halves).
+    ``gather``: the whole ``[M, cols]`` sum, each block rounded on its owner and gathered round the same
+    rings in the same kernel (an all-reduce)."""
     n = lax.axis_size(axis_name)
     m, cols = partial.shape[0] // n, partial.shape[1]
     if not interpret:
@@ -223,6 +265,7 @@ def scattered_partial(
         directions=len(cuts),
         reduction=reduction,
         protocol=protocol,
+        gather=gather,
     )
     scratch = []
     for rows in cuts:
@@ -236,14 +279,17 @@ def scattered_partial(
     vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
     summed = pl.pallas_call(
         kernel,
-        out_shape=[jax.ShapeDtypeStruct((rows, cols), blocks.dtype) for rows in cuts],
+        out_shape=[
+            jax.ShapeDtypeStruct((n, rows, cols) if gather else (rows, cols), blocks.dtype) for rows in cuts
+        ],
         in_specs=[vmem] * len(cuts),
         out_specs=[vmem] * len(cuts),
         scratch_shapes=scratch,
         compiler_params=pltpu.CompilerParams(collective_id=0),
         interpret=interpret,
     )(*[blocks[:, :top], blocks[:, top:]][: len(cuts)])
-    return (jnp.concatenate(summed) if len(summed) > 1 else summed[0]).astype(partial.dtype)
+    whole = jnp.concatenate(summed, axis=-2) if len(summed) > 1 else summed[0]
+    return (whole.reshape(n * m, cols) if gather else whole).astype(partial.dtype)
 
 
 def reduce_scatter(
