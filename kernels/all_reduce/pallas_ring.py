@@ -22,7 +22,9 @@ Limits. The reduce-scatter kernel's: the partial, its result and the accumulator
 (partials of a few MiB); on a TPU it refuses what Mosaic refuses of its DMA windows, naming the rule.
 float16 partials enter a compiled kernel widened to float32 (Mosaic takes no float16 arguments, nor
 a cast to float16 inside a kernel): each block's float32 sum is gathered as it is and rounded after the
-kernel, the same bits on every device, so the replicas still agree; the gather then moves float32.
+kernel, the same bits on every device, so the replicas still agree; the gather then moves float32. So
+do every narrower float's on a libtpu older than 0.0.42, which refuses their windows of fewer rows than
+a sublane tile ("Slice shape along dimension 1 must be aligned to tiling (2), but is 1", libtpu 0.0.17).
 """
 
 from __future__ import annotations

@@ -267,6 +267,11 @@ def scattered_partial(
         protocol=protocol,
         gather=gather,
     )
+    # the sums go round in the partials' dtype, rounded once on their owner; a libtpu older than 0.0.42
+    # refuses windows of narrower rows than a sublane tile, so there they go as the float32 accumulators
+    # are (the same bits on every device all the same: rounded after the kernel, once)
+    narrow_windows = not interpret and tpu_compiler.libtpu_in_use() < ANY_2D_WINDOW
+    out_dtype = acc if gather and narrow_windows else blocks.dtype
     scratch = []
     for rows in cuts:
         scratch += [
@@ -280,7 +285,7 @@ def scattered_partial(
     summed = pl.pallas_call(
         kernel,
         out_shape=[
-            jax.ShapeDtypeStruct((n, rows, cols) if gather else (rows, cols), blocks.dtype) for rows in cuts
+            jax.ShapeDtypeStruct((n, rows, cols) if gather else (rows, cols), out_dtype) for rows in cuts
         ],
         in_specs=[vmem] * len(cuts),
         out_specs=[vmem] * len(cuts),
