@@ -182,7 +182,7 @@ ODD_ROWS = "broken_pallas_drops_last_row_of_odd_shards"
 #: Test modules of the run that are not per-implementation family tests.
 NON_FAMILY_TESTS = ("test_seed_backward_allreduce", "test_tpu_refusals")
 #: the watchdog a user gets (--hang-timeout's default): the hanging kernel costs this once. Not shorter:
-#: the Pallas all-reduce ring (two kernels) on 8 simulated devices in the on_wait order runs for over
+#: the Pallas all-reduce ring (2(n-1) steps) on 8 simulated devices in the on_wait order runs for over
 #: 5 s on the 2-core host while the other xdist worker runs, and a watchdog that stops a slow kernel
 #: calls it hung
 HANG_TIMEOUT_S = 20
