@@ -25,11 +25,18 @@ Gradient. ``jax.custom_vjp``: the backward is the transpose of the exchange, whi
 :mod:`.dense`'s collectives compute (a cotangent row goes back to the row of ``x`` it came from; the
 rows of ``output`` no group wrote pass their cotangent through).
 
-Limits. One mesh axis per call, the others replicated and addressed by their own coordinates. 32-bit
-rows (float32, int32): a chip's DMA windows of 16- and 8-bit rows must start on a packed pair or
-quadruple of rows, which arbitrary offsets do not; narrower rows would travel packed into 32-bit words.
-``2n`` DMA semaphores and one barrier semaphore per device; a ring of one runs no kernel (its one group
-is a local copy, :mod:`.dense`'s). On CPU it runs under TPU interpret mode.
+Rows of 16 and 8 bits travel as 32-bit words: a chip's DMA windows of narrower rows must start on a
+packed pair or quadruple of rows, which arbitrary offsets do not, so the kernel never windows them.
+Where a row's elements fill whole words (an even number of 16-bit ones, a multiple of four 8-bit ones)
+each word packs 2 or 4 neighbouring elements of a row (a bitcast, no copy: the bytes moved are the
+rows'); otherwise, and where the TPU compiler in use would refuse the packed row's width, each element
+is widened to a word of its own bits (zero-extended, 2 or 4 times the bytes). Either way the bits come
+back exactly: rows no group writes keep the caller's, bit for bit.
+
+Limits. One mesh axis per call, the others replicated and addressed by their own coordinates.
+``2n`` DMA semaphores and one barrier semaphore per device, which a TPU core's semaphore memory holds
+for rings of up to :data:`MOST_PEERS` (it refuses longer ones on a TPU); a ring of one runs no kernel
+(its one group is a local copy, :mod:`.dense`'s). On CPU it runs under TPU interpret mode.
 """
 
 from __future__ import annotations
@@ -49,10 +56,17 @@ from conformance.kernels._pallas import neighbour
 from conformance.kernels.all_gather.pallas_ring import ANY_2D_WINDOW
 from conformance.kernels.ragged_all_to_all._common import validate
 from conformance.kernels.ragged_all_to_all.dense import dense_ragged_all_to_all, exchanged
+from conformance.specs.ragged_all_to_all import RAGGED_ALL_TO_ALL
 from conformance.targets import tpu_compiler
 
-#: The row dtypes it moves: 32-bit (module docstring, "Limits").
-DTYPES = ("float32", "int32")
+#: The longest ring it takes on a TPU: its 2n DMA semaphores live in the core's semaphore memory (sflag,
+#: 2 KiB on v5e), 4 bytes each beside about 92 bytes of others. Compiled for v5e slices, 64 chips
+#: compile and 256 are refused ("Ran out of memory in memory space sflag. Used 2.1K of 2.0K"): 8n + 92
+#: bytes fit up to n = 244.
+MOST_PEERS = 240
+
+#: The row dtypes it moves: every one the family has, narrower ones as 32-bit words (module docstring).
+DTYPES = RAGGED_ALL_TO_ALL.dtypes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +173,17 @@ def scattered(
         return exchanged(
             x, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name=axis_name
         )
+    packed = packs(x.shape[-1], x.dtype, interpret=interpret)
+    rows_dtype, cols = x.dtype, x.shape[-1]
+    x, output = as_words(x, packed=packed), as_words(output, packed=packed)
     if not interpret:
-        refuse_what_a_tpu_cannot_do(x.shape, x.dtype)
+        refuse_what_a_tpu_cannot_do(x.shape, rows_dtype)
+        if n > MOST_PEERS:
+            conformance.refuse_on_tpu(
+                f"pallas_dma_ragged_all_to_all: a ring of {n} needs {2 * n} DMA semaphores, past the TPU "
+                f"core's semaphore memory (2 KiB on v5e: rings of up to {MOST_PEERS}); "
+                "dense_ragged_all_to_all takes any"
+            )
     any_space, smem = pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pltpu.SMEM)
     kernel = functools.partial(
         _kernel,
@@ -172,7 +195,7 @@ def scattered(
     )
     # the routing arrays as SMEM inputs, not scalar prefetch: JAX 0.6's interpreter indexes an alias
     # among the inputs that are not prefetched
-    return pl.pallas_call(
+    words = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(output.shape, output.dtype),
         in_specs=[smem] * 4 + [any_space, any_space],
@@ -186,6 +209,38 @@ def scattered(
         x,
         output,
     )
+    return from_words(words, rows_dtype, packed=packed, cols=cols)
+
+
+def packs(cols: int, dtype: Any, *, interpret: Any) -> bool:
+    """Whether rows of ``cols`` elements of ``dtype`` travel packed, several to a 32-bit word (module
+    docstring): they fill whole words, and the TPU compiler in use takes a window of the packed width."""
+    per_word = 4 // jnp.dtype(dtype).itemsize
+    if per_word == 1 or cols % per_word:
+        return False
+    return bool(interpret) or tpu_compiler.libtpu_in_use() >= ANY_2D_WINDOW or (cols // per_word) % 128 == 0
+
+
+def as_words(rows: jax.Array, *, packed: bool) -> jax.Array:
+    """``rows[R, cols]`` as 32-bit words: as they are (32-bit rows), packed (``[R, cols * itemsize / 4]``)
+    or each element zero-extended (``[R, cols]``)."""
+    width = rows.dtype.itemsize
+    if width == 4:
+        return rows
+    bits = lax.bitcast_convert_type(rows, jnp.dtype(f"uint{8 * width}"))
+    if packed:
+        return lax.bitcast_convert_type(bits.reshape(rows.shape[0], -1, 4 // width), jnp.uint32)
+    return bits.astype(jnp.uint32)
+
+
+def from_words(words: jax.Array, dtype: Any, *, packed: bool, cols: int) -> jax.Array:
+    """The rows of ``dtype`` that :func:`as_words` made ``words`` of, bit for bit."""
+    width = jnp.dtype(dtype).itemsize
+    if width == 4:
+        return words
+    unsigned = jnp.dtype(f"uint{8 * width}")
+    bits = lax.bitcast_convert_type(words, unsigned).reshape(-1, cols) if packed else words.astype(unsigned)
+    return lax.bitcast_convert_type(bits, dtype)
 
 
 def refuse_what_a_tpu_cannot_do(shape: tuple[int, ...], dtype: Any) -> None:
@@ -196,8 +251,8 @@ def refuse_what_a_tpu_cannot_do(shape: tuple[int, ...], dtype: Any) -> None:
     if libtpu < ANY_2D_WINDOW and shape[-1] % 128:
         conformance.refuse_on_tpu(
             f"pallas_dma_ragged_all_to_all: on a TPU (libtpu {'.'.join(map(str, libtpu))}) each row of "
-            f"{shape[-1]} {jnp.dtype(dtype).name} elements must fill whole 128-lane tiles; pad the rows, or "
-            "run it under interpret mode"
+            f"{shape[-1]} 32-bit words ({jnp.dtype(dtype).name} rows) must fill whole 128-lane tiles; "
+            "pad the rows, or run it under interpret mode"
         )
 
 
