@@ -158,6 +158,8 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
         "downstream_ring_all_gather",
         "downstream_tiled_allgather_matmul",
         "downstream_moe_token_exchange",
+        "downstream_moe_dispatch",
+        "downstream_moe_combine",
     }
     # the MoE token exchange, lax.ragged_all_to_all's signature, through every check on CPU
     exchange = [o for o in outcomes if o["impl"] == "downstream_moe_token_exchange"]
@@ -165,6 +167,11 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
         :2
     ]
     assert {"values", "gradients", "collectives", "tpu_memory"} <= {o["check"] for o in exchange}
+    # and the layer's two halves as the MoE families take them, a dispatch/combine pair
+    for half in ("downstream_moe_dispatch", "downstream_moe_combine"):
+        ran = [o for o in outcomes if o["impl"] == half]
+        assert {o["outcome"] for o in ran} == {"passed"}, [o for o in ran if o["outcome"] != "passed"][:2]
+        assert {"values", "gradients", "lowered_bytes", "bad_inputs"} <= {o["check"] for o in ran}
     by = {o["id"]: o for o in outcomes}
     # the declared dtypes: int32 is not claimed by the all-gather, with its reason
     int32 = by["all_gather/downstream_ring_all_gather/dtype/5-x-explicit/cpu/int32"]

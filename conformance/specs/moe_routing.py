@@ -134,10 +134,12 @@ def most_received(d: Dims, n: int, *, back: bool) -> int:
 
 def padded_exchange_bytes(d: Dims, n: int, itemsize: int) -> int:
     """The cap on either trip: from each of the n - 1 others, a padded buffer of as many rows as one
-    device can send another (``T * min(k, X)``), and the routing (an int per row and per expert)."""
+    device can send another (``T * min(k, X)``), and the routing: an int per row and per expert, twice
+    over (XLA:TPU compiles a gather of a few ints as an all-reduce, which moves them twice; a table of
+    counts per device and expert, gathered, is ``n X`` ints from each peer)."""
     k, x, t_per = top_k(d, n), d["experts_per_device"], d["tokens_per_shard"]
     rows = t_per * min(k, x)
-    return (n - 1) * (rows * d["hidden"] * itemsize + (t_per * k + (n + 1) * x) * ROUTING_ITEMSIZE)
+    return (n - 1) * (rows * d["hidden"] * itemsize + 2 * (t_per * k + (n + 1) * x) * ROUTING_ITEMSIZE)
 
 
 #: What either trip may move by: rows by all-to-all (XLA's ragged one included) or collective-permutes,
@@ -147,7 +149,7 @@ COLLECTIVES = frozenset({"all-to-all", "ragged-all-to-all", "collective-permute"
 
 PADDED_EXCHANGE_TEXT = (
     "each device may receive at most a padded buffer of T * min(k, X) rows from each of the n-1 others "
-    "(as many as one device can send another) and the routing: an int per row and per expert"
+    "(as many as one device can send another) and the routing: an int per row and per expert, twice over"
 )
 
 #: The routing operands, as both families take them (the case lays them out from its dims).

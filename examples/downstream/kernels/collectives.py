@@ -1,4 +1,4 @@
-"""Three kernels of this project, registered with the conformance suite with what they support.
+"""Five kernels of this project, registered with the conformance suite with what they support.
 
 ``downstream_ring_all_gather``
     a ``ppermute`` ring under ``shard_map``: ``n - 1`` hops to the next device, each
@@ -16,6 +16,11 @@
     its group for every peer to the largest group that fits, one ``all_to_all`` moves them,
     and each receiver writes a sender's rows where that sender's ``output_offsets`` say.
     XLA:CPU has no ragged-all-to-all, so this is what the project runs on CPU hosts.
+``downstream_moe_dispatch`` and ``downstream_moe_combine``
+    the same layer's two halves as the suite's MoE families take them (top-k expert ids and the
+    experts' placement): each token device works out where each of its (token, choice) rows lands
+    on its expert device, sends the rows with their slots in one padded ``all_to_all``, and the
+    combine sends the slots it wants and gets those rows back in a second one.
 """
 
 from __future__ import annotations
@@ -123,4 +128,88 @@ def downstream_moe_token_exchange(
 
     return jax.shard_map(per_device, mesh=mesh, in_specs=(P(axis_name),) * 6, out_specs=P(axis_name))(
         x, output, input_offsets, send_sizes, output_offsets, recv_sizes
+    )
+
+
+def _where_rows_land(expert_ids: jax.Array, placement: jax.Array, axis_name: str, n: int):
+    """For this device's (token, choice) pairs, in that order: the device of each one's expert, the
+    row it lands on there, and its place in a buffer of ``t * min(k, x)`` rows per device."""
+    t, k = expert_ids.shape
+    x = placement.shape[1]
+    experts = lax.all_gather(placement[0], axis_name, tiled=True)  # position p: device p // x
+    position = jnp.argsort(experts)[expert_ids.reshape(-1)]  # each pair's expert's position
+    counts = lax.all_gather(jnp.zeros(n * x, jnp.int32).at[position].add(1), axis_name)  # [n, E]
+    per_expert = counts.sum(0).reshape(n, x)
+    start = (jnp.cumsum(per_expert, 1) - per_expert).reshape(-1)  # an expert's first row on its device
+    earlier_devices = (jnp.cumsum(counts, 0) - counts)[lax.axis_index(axis_name)]
+    chose = jax.nn.one_hot(position, n * x, dtype=jnp.int32)
+    pairs = jnp.arange(t * k)
+    earlier_here = (jnp.cumsum(chose, 0) - chose)[pairs, position]
+    device = position // x
+    to_device = jax.nn.one_hot(device, n, dtype=jnp.int32)
+    lane = (jnp.cumsum(to_device, 0) - to_device)[pairs, device]
+    return device, start[position] + earlier_devices[position] + earlier_here, lane
+
+
+@conformance.register(
+    "moe_dispatch",
+    name="downstream_moe_dispatch",
+    differentiable=True,
+    description="each row sent with its slot in one padded all_to_all, written where its slot says",
+)
+def downstream_moe_dispatch(
+    tokens: jax.Array, expert_ids: jax.Array, placement: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str
+) -> jax.Array:
+    n = mesh.shape[axis_name]
+
+    def per_device(tokens, expert_ids, placement):
+        t, k = expert_ids.shape
+        room, rows = t * min(k, placement.shape[1]), n * t * min(k, placement.shape[1])
+        device, slot, lane = _where_rows_land(expert_ids, placement, axis_name, n)
+        sent = (
+            jnp.zeros((n, room, tokens.shape[1]), tokens.dtype)
+            .at[device, lane]
+            .set(tokens[jnp.arange(t * k) // k])
+        )
+        slots = jnp.full((n, room), rows, jnp.int32).at[device, lane].set(slot)  # padding aimed past the end
+        got = lax.all_to_all(sent, axis_name, 0, 0, tiled=True)
+        got_slots = lax.all_to_all(slots, axis_name, 0, 0, tiled=True)
+        out = jnp.zeros((rows, tokens.shape[1]), tokens.dtype)
+        return out.at[got_slots.reshape(-1)].set(got.reshape(-1, tokens.shape[1]), mode="drop")
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(axis_name),) * 3, out_specs=P(axis_name))(
+        tokens, expert_ids, placement
+    )
+
+
+@conformance.register(
+    "moe_combine",
+    name="downstream_moe_combine",
+    differentiable=True,
+    description="the slots each token device wants in one all_to_all, the rows back in another, summed",
+)
+def downstream_moe_combine(
+    expert_rows: jax.Array,
+    weights: jax.Array,
+    expert_ids: jax.Array,
+    placement: jax.Array,
+    *,
+    mesh: jax.sharding.Mesh,
+    axis_name: str,
+) -> jax.Array:
+    n = mesh.shape[axis_name]
+
+    def per_device(expert_rows, weights, expert_ids, placement):
+        t, k = expert_ids.shape
+        room, rows = t * min(k, placement.shape[1]), expert_rows.shape[0]
+        device, slot, lane = _where_rows_land(expert_ids, placement, axis_name, n)
+        wanted = jnp.full((n, room), rows, jnp.int32).at[device, lane].set(slot)
+        asked = lax.all_to_all(wanted, axis_name, 0, 0, tiled=True)  # the rows each device wants of mine
+        answer = jnp.where((asked < rows)[..., None], expert_rows[jnp.minimum(asked, rows - 1)], 0)
+        back = lax.all_to_all(answer.astype(expert_rows.dtype), axis_name, 0, 0, tiled=True)
+        chosen = back[device, lane].reshape(t, k, -1).astype(jnp.float32)
+        return jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), chosen).astype(expert_rows.dtype)
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(axis_name),) * 4, out_specs=P(axis_name))(
+        expert_rows, weights, expert_ids, placement
     )
