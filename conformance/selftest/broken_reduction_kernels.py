@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 import conformance
 from conformance.kernels._reduction import validate
 from conformance.kernels._ring import ring_perm, ring_reduce_scatter
-from conformance.kernels.reduce_scatter import pallas_ring
+from conformance.kernels.reduce_scatter import pallas_hbm_ring, pallas_ring
 from conformance.kernels.reduce_scatter.ring import gathered_rows
 
 EXPECTED_REJECTION: dict[str, str] = {
@@ -31,6 +31,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_rs_writes_a_buffer_still_being_read": "test_races",
     "broken_pallas_rs_dma_before_the_barrier": "test_barrier_protocol",
     "broken_pallas_rs_leaves_a_send_unwaited": "test_races",
+    "broken_pallas_hbm_rs_reuses_a_tile_still_being_written": "test_tpu_native_values",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_rs_rounds_partial_sums_each_hop": "clearly less accurate than the baseline",
@@ -46,6 +47,7 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_rs_writes_a_buffer_still_being_read": "TPU interpret mode detected a race",
     "broken_pallas_rs_dma_before_the_barrier": "barrier",
     "broken_pallas_rs_leaves_a_send_unwaited": "a semaphore has a nonzero count at kernel exit",
+    "broken_pallas_hbm_rs_reuses_a_tile_still_being_written": "differ from the numpy float64 reference",
 }
 
 
@@ -169,11 +171,15 @@ def broken_ar_each_device_sums_in_its_own_order(x, *, mesh, axis_name):
     )(x)
 
 
-def _pallas_ring_without(name: str, *, bidirectional: bool = True, **protocol: bool):
-    """The built-in Pallas reduce-scatter ring with one guard of its protocol taken out."""
+def _pallas_ring_without(name: str, *, bidirectional: bool = True, hbm: bool = False, **protocol: bool):
+    """The built-in Pallas reduce-scatter ring (``hbm``: its HBM form) with one guard of its protocol
+    taken out."""
 
     @conformance.register("reduce_scatter", name=name, pallas=True)
     def kernel(x, *, mesh, axis_name, interpret=False):
+        def tile(rows, row_bytes):
+            return pallas_hbm_ring.tile_rows(rows, row_bytes, dtype=x.dtype, interpret=bool(interpret))
+
         return pallas_ring.reduce_scatter(
             x,
             mesh=mesh,
@@ -182,6 +188,7 @@ def _pallas_ring_without(name: str, *, bidirectional: bool = True, **protocol: b
             bidirectional=bidirectional,
             name=name,
             protocol=pallas_ring.Protocol(**protocol),
+            tile=tile if hbm else None,
         )
 
     kernel.__name__ = kernel.__qualname__ = name
@@ -206,6 +213,13 @@ broken_pallas_rs_dma_before_the_barrier = _pallas_ring_without(
 #: the kernel returns.
 broken_pallas_rs_leaves_a_send_unwaited = _pallas_ring_without(
     "broken_pallas_rs_leaves_a_send_unwaited", drain_every_send=False
+)
+
+#: The HBM ring whose tile pipeline writes a VMEM result slot again before the write-back that last
+#: read it has left: a tile two on overwrites the one still going out, so an earlier tile's rows land
+#: with a later tile's sums (a direction of three or more tiles), and its write-backs are left signalled.
+broken_pallas_hbm_rs_reuses_a_tile_still_being_written = _pallas_ring_without(
+    "broken_pallas_hbm_rs_reuses_a_tile_still_being_written", hbm=True, tile_written_back=False
 )
 
 

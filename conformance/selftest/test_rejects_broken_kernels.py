@@ -113,6 +113,12 @@ BUILTINS = {
         | DMA_BALANCE
         for family in ("reduce_scatter", "all_reduce")
     },
+    "pallas_hbm_ring_reduce_scatter_bidirectional": STANDARD_TESTS
+    | PALLAS
+    | AUTODIFF
+    | ACCURACY
+    | REDUCTIONS
+    | DMA_BALANCE,
     "xla_reduce_scatter_columns": STANDARD_TESTS | AUTODIFF,
     "ring_reduce_scatter_columns_bidirectional": STANDARD_TESTS | AUTODIFF | ACCURACY | REDUCTIONS | BALANCE,
 }

@@ -42,8 +42,9 @@ all-gather (the transpose of a reduce-scatter), ``(n-1)/n`` of it per device.
 Limits. One mesh axis (other axes replicated and addressed by their coordinates). The partial, the
 result and four accumulator buffers per direction live in VMEM: ``M cols`` input elements plus
 ``(m + 4 m) cols`` (accumulator-width) per direction must fit the core's VMEM (16 MiB on v5e by
-default), so this kernel is for partials of a few MiB; a larger one would pipeline blocks through VMEM
-from HBM (the tutorial's ``emit_pipeline`` form). The steps are unrolled (n static). Mosaic takes no
+default), so this kernel is for partials of a few MiB; a larger one takes its HBM form
+(:mod:`conformance.kernels.reduce_scatter.pallas_hbm_ring`: the same rings, each addition pipelined
+through VMEM in tiles). The steps are unrolled (n static). Mosaic takes no
 float16 kernel arguments, so compiled for a TPU float16 partials enter the kernel widened to float32
 (the accumulators' type anyway) and the sum is rounded to float16 after it; interpret mode, which has
 no such limit, takes them as they are (half the memory it allocates per simulated device).
@@ -64,7 +65,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._pallas import neighbour
+from conformance.kernels._pallas import TILE_BUFFERS, neighbour, pipelined
 from conformance.kernels._reduction import COMBINE, REDUCTIONS, combine, validate
 from conformance.kernels._ring import accumulator_dtype, halves
 from conformance.kernels.all_gather.pallas_ring import ANY_2D_WINDOW
@@ -86,6 +87,8 @@ class Protocol:
     credits: bool = True
     #: Every send waited before the kernel returns (else only the last).
     drain_every_send: bool = True
+    #: The HBM kernel's: a tile's write-back waited before its VMEM slot takes the tile two on.
+    tile_written_back: bool = True
 
 
 SAFE = Protocol()
@@ -99,13 +102,31 @@ def _ring_kernel(
     reduction: str = "add",
     protocol: Protocol = SAFE,
     gather: bool = False,
+    tile_rows: tuple[int, ...] | None = None,
+    split_rows: tuple[int, ...] = (),
 ) -> None:
     """``directions`` rings (1: leftwards; 2: top rows leftwards, bottom rows rightwards). ``refs``:
     the inputs ``x[n, rows, cols]`` of each direction, its outputs ``[rows, cols]`` (``gather``: every
     block, ``[n, rows, cols]``), then per direction send and receive buffers, send and receive DMA
-    semaphores and a credit semaphore."""
+    semaphores and a credit semaphore. ``tile_rows``: the HBM kernel's, a direction's tile of rows (its
+    refs in HBM, its send and receive buffers outputs after the results, as interpret mode allocates no
+    HBM scratch, and ``TILE_BUFFERS`` more scratch per direction for ``_pallas.pipelined``); None:
+    every ref in VMEM. ``split_rows``: one input ``x[n, M/n, cols]``, each direction's inputs its next rows of
+    every block (a view, where one input per direction would be a copy of the partial)."""
+    if split_rows:
+        starts = [sum(split_rows[:k]) for k in range(directions)]
+        inputs = tuple(refs[0].at[:, pl.ds(starts[k], split_rows[k])] for k in range(directions))
+        refs = (*inputs, *refs[1:])
     inputs, outputs = refs[:directions], refs[directions : 2 * directions]
     scratch = refs[2 * directions :]
+    per_direction = 5 + (TILE_BUFFERS if tile_rows else 0)
+    if tile_rows:  # each direction's HBM send and receive buffers before its scratch
+        buffers, rest, each = scratch[: 2 * directions], scratch[2 * directions :], per_direction - 2
+        scratch = tuple(
+            ref
+            for k in range(directions)
+            for ref in (*buffers[2 * k : 2 * k + 2], *rest[each * k : each * (k + 1)])
+        )
     n = lax.axis_size(axis_name)
     me = lax.axis_index(axis_name)
 
@@ -116,7 +137,7 @@ def _ring_kernel(
     right = neighbour(mesh_axes, axis_name, ring(me + 1))
     rings = []
     for k in range(directions):
-        send, recv, send_sems, recv_sems, credit = scratch[5 * k : 5 * k + 5]
+        send, recv, send_sems, recv_sems, credit = scratch[per_direction * k : per_direction * k + 5]
         # leftwards: block me + s + 1 at step s, sent to the left, received from the right
         hop = 1 if k == 0 else -1
         downstream, upstream = (left, right) if k == 0 else (right, left)
@@ -128,9 +149,27 @@ def _ring_kernel(
         """The block whose accumulator this device holds after step ``step - 1`` (``step`` 0: its first)."""
         return ring(me + hop * (step + 1) + n * (step + 1))
 
+    def add_tiles(k: int, dst: Any, first: Any | None, second: Any) -> None:
+        """The HBM kernel's ``dst = first + second`` (``second`` where ``first`` is None) in direction
+        ``k``'s tiles."""
+        tiles = tuple(scratch[per_direction * k + 5 : per_direction * (k + 1)])
+        combined = COMBINE[reduction]
+        pipelined(
+            dst,
+            first,
+            second,
+            tiles,
+            rows=tile_rows[k],
+            combine=combined,
+            written_back=protocol.tile_written_back,
+        )
+
     with jax.named_scope("first_contribution"):
-        for x_ref, _, send, _, _, _, _, hop, _, _ in rings:
-            send[jnp.int32(0)] = x_ref[block(hop, 0)].astype(send.dtype)
+        for k, (x_ref, _, send, _, _, _, _, hop, _, _) in enumerate(rings):
+            if tile_rows:
+                add_tiles(k, send.at[jnp.int32(0)], None, x_ref.at[block(hop, 0)])
+            else:
+                send[jnp.int32(0)] = x_ref[block(hop, 0)].astype(send.dtype)
 
     if protocol.barrier:
         with jax.named_scope("barrier"):
@@ -159,6 +198,17 @@ def _ring_kernel(
         with jax.named_scope(f"ring_step_{step}_add"):
             for k, (x_ref, o_ref, send, recv, _, _, credit, hop, _, upstream) in enumerate(rings):
                 sent[step][k].wait_recv()
+                if tile_rows:  # combined tile by tile straight into where it goes, then the credit
+                    if step == steps - 1:
+                        dst = o_ref.at[me] if gather else o_ref
+                    else:
+                        if step >= 1:
+                            sent[step - 1][k].wait_send()
+                        dst = send.at[jnp.int32((step + 1) % IN_FLIGHT)]
+                    add_tiles(k, dst, recv.at[slot], x_ref.at[block(hop, step + 1)])
+                    if step + IN_FLIGHT < every_step and protocol.credits:
+                        pl.semaphore_signal(credit, 1, device_id=upstream)
+                    continue
                 total = COMBINE[reduction](recv[slot], x_ref[block(hop, step + 1)].astype(recv.dtype))
                 if step + IN_FLIGHT < every_step and protocol.credits:  # upstream will write this slot again
                     pl.semaphore_signal(credit, 1, device_id=upstream)
@@ -223,6 +273,39 @@ def refuse_what_a_tpu_cannot_do(name: str, cols: int) -> None:
         )
 
 
+#: Rows a window of a packed (16- or 8-bit) HBM partial must be a multiple of before libtpu 0.0.42.
+PACKED_HBM_ROWS = 16
+
+
+def refuse_unaligned_hbm_rows(name: str, cuts: list[int], dtype: jnp.dtype) -> None:
+    """``TpuConstraintError`` for the HBM kernel's row windows of a 16- or 8-bit partial (``cuts``: each
+    direction's rows of a block) that the TPU compiler of this JAX refuses; 32-bit partials take any
+    window. Measured on blocks of 1, 2, 3, 5, 8 and 32 rows:
+
+    - before 0.0.42 each direction's rows must be a multiple of 16 (libtpu 0.0.17: "Slice shape along
+      dimension 1 must be aligned to tiling (4), but is 2" for every block but 32 rows);
+    - from 0.0.42 (0.0.42 and 0.0.50 alike) each direction must start on a multiple of the packing (2
+      rows of 16-bit, 4 of 8-bit) and span a multiple of it or one row ("Slice sizes along tiled
+      dimensions must be aligned to tiles ... divisible by the tile dimension 4"): bfloat16 blocks of 2
+      and 5 rows and float8 blocks of 2, 3 and 5 are refused."""
+    libtpu, itemsize = tpu_compiler.libtpu_in_use(), jnp.dtype(dtype).itemsize
+    if itemsize >= 4:
+        return
+    packing = 4 // itemsize
+    starts = [sum(cuts[:k]) for k in range(len(cuts))]
+    if libtpu < ANY_2D_WINDOW:
+        refused, rule = any(r % PACKED_HBM_ROWS for r in cuts), f"a multiple of {PACKED_HBM_ROWS}"
+    else:
+        refused = any(s % packing or (r % packing and r != 1) for s, r in zip(starts, cuts, strict=True))
+        rule = f"a multiple of {packing} (or one row) from a multiple of {packing}"
+    if refused:
+        mosaic.refuse(
+            f"{name}: on a TPU (libtpu {'.'.join(map(str, libtpu))}) the {jnp.dtype(dtype).name} partials' "
+            f"rows of a block go {' and '.join(map(str, cuts))} per ring direction, and each must be {rule} "
+            "for the HBM windows; pad them, or run it under interpret mode"
+        )
+
+
 #: Element types Mosaic takes no kernel arguments of (libtpu 0.0.17 to 0.0.50 refuse float16 at every
 #: shape): the kernel takes such partials widened to float32, and its result is rounded outside it.
 WIDENED_OUTSIDE = (jnp.dtype(jnp.float16),)
@@ -240,10 +323,13 @@ def scattered_partial(
     protocol: Protocol = SAFE,
     cut: Callable[[int], tuple[int, int]] | None = None,
     gather: bool = False,
+    tile: Callable[[int, int], int] | None = None,
 ) -> jax.Array:
     """This device's row block of the sum of every device's ``partial[M, cols]``, by the ring kernel,
     rounded once to ``partial``'s dtype: called on each device inside a ``shard_map`` over ``axis_name``
     (``cut``: a block's rows -> the rows sent left and right, the self-tests' knob; the halves).
+    ``tile``: the HBM kernel, ``(rows, row_bytes) ->`` the rows of a tile that divides a direction's
+    ``rows`` (every buffer in HBM, tiles through VMEM); None: every buffer in VMEM.
     ``gather``: the whole ``[M, cols]`` sum, each block rounded on its owner and gathered round the same
     rings in the same kernel (an all-reduce)."""
     n = lax.axis_size(axis_name)
@@ -258,6 +344,9 @@ def scattered_partial(
     top, bottom = cut(m) if cut else halves(m, bidirectional=bidirectional)
     cuts = [rows for rows in (top, bottom) if rows]
     acc = accumulator_dtype(blocks.dtype)
+    tile_rows = tuple(tile(rows, cols * acc.itemsize) for rows in cuts) if tile else None
+    if tile_rows and not interpret:
+        refuse_unaligned_hbm_rows(name, cuts, blocks.dtype)
     kernel = functools.partial(
         _ring_kernel,
         axis_name=axis_name,
@@ -266,33 +355,48 @@ def scattered_partial(
         reduction=reduction,
         protocol=protocol,
         gather=gather,
+        tile_rows=tile_rows,
+        split_rows=tuple(cuts) if tile_rows else (),
     )
     # the sums go round in the partials' dtype, rounded once on their owner; a libtpu older than 0.0.42
     # refuses windows of narrower rows than a sublane tile, so there they go as the float32 accumulators
     # are (the same bits on every device all the same: rounded after the kernel, once)
     narrow_windows = not interpret and tpu_compiler.libtpu_in_use() < ANY_2D_WINDOW
     out_dtype = acc if gather and narrow_windows else blocks.dtype
-    scratch = []
-    for rows in cuts:
+    scratch, hbm_buffers = [], []
+    for k, rows in enumerate(cuts):
+        accumulators = (IN_FLIGHT, rows, cols)
+        if tile_rows:  # accumulators sent and received, in HBM: outputs, dropped after
+            hbm_buffers += [jax.ShapeDtypeStruct(accumulators, acc)] * 2
+        else:
+            scratch += [pltpu.VMEM(accumulators, acc), pltpu.VMEM(accumulators, acc)]  # sent, received
         scratch += [
-            pltpu.VMEM((IN_FLIGHT, rows, cols), acc),  # accumulators sent
-            pltpu.VMEM((IN_FLIGHT, rows, cols), acc),  # accumulators received
             pltpu.SemaphoreType.DMA((IN_FLIGHT,)),  # sent
             pltpu.SemaphoreType.DMA((IN_FLIGHT,)),  # received
             pltpu.SemaphoreType.REGULAR,  # credits from the downstream device
         ]
-    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+        if tile_rows:  # the tile pipeline's buffers (_pallas.pipelined)
+            rows_in_tile = tile_rows[k]
+            scratch += [
+                pltpu.VMEM((2, rows_in_tile, cols), acc),
+                pltpu.VMEM((2, rows_in_tile, cols), blocks.dtype),
+                pltpu.VMEM((2, rows_in_tile, cols), acc),
+                pltpu.VMEM((2, rows_in_tile, cols), out_dtype),
+                pltpu.SemaphoreType.DMA((3, 2)),
+            ]
+    vmem = pl.BlockSpec(memory_space=pl.ANY if tile else pltpu.VMEM)
     summed = pl.pallas_call(
         kernel,
         out_shape=[
             jax.ShapeDtypeStruct((n, rows, cols) if gather else (rows, cols), out_dtype) for rows in cuts
-        ],
-        in_specs=[vmem] * len(cuts),
-        out_specs=[vmem] * len(cuts),
+        ]
+        + hbm_buffers,
+        in_specs=[vmem] * (1 if tile_rows else len(cuts)),
+        out_specs=[vmem] * (len(cuts) + len(hbm_buffers)),
         scratch_shapes=scratch,
         compiler_params=pltpu.CompilerParams(collective_id=0),
         interpret=interpret,
-    )(*[blocks[:, :top], blocks[:, top:]][: len(cuts)])
+    )(*([blocks] if tile_rows else [blocks[:, :top], blocks[:, top:]][: len(cuts)]))[: len(cuts)]
     whole = jnp.concatenate(summed, axis=-2) if len(summed) > 1 else summed[0]
     return (whole.reshape(n * m, cols) if gather else whole).astype(partial.dtype)
 
@@ -308,9 +412,10 @@ def reduce_scatter(
     reduction: str = "add",
     protocol: Protocol = SAFE,
     cut: Callable[[int], tuple[int, int]] | None = None,
+    tile: Callable[[int, int], int] | None = None,
 ) -> jax.Array:
     """The ring reduce-scatter of the partials ``x[n, M, cols]`` (``protocol`` and ``cut``: the
-    self-tests' knobs)."""
+    self-tests' knobs; ``tile``: the HBM kernel's, :func:`scattered_partial`)."""
     validate(name, x, mesh, axis_name)
     combine(name, reduction)
 
@@ -325,6 +430,7 @@ def reduce_scatter(
             reduction=reduction,
             protocol=protocol,
             cut=cut,
+            tile=tile,
         )
 
     scatter = jax.shard_map(
