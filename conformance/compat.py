@@ -1,10 +1,8 @@
 """The few spellings that differ between JAX 0.6.2 and the newest release.
 
-Everything else in the project uses current JAX spellings directly. When the
-oldest supported JAX moves forward, entries here are deleted, not rewritten.
-The ``cpu-oldest`` tox environment runs the whole suite on JAX 0.6.2 to prove
-this module is all the difference there is.
-"""
+Everything else in the project uses current JAX spellings directly. When the oldest supported JAX
+moves forward, entries here are deleted, not rewritten. The ``cpu-oldest`` tox environment runs the
+whole suite on JAX 0.6.2 to prove this module is all the difference there is."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import inspect
 import io
 import logging
@@ -27,11 +26,8 @@ JAX_VERSION: tuple[int, ...] = tuple(int(part) for part in jax.__version__.split
 
 
 def configure_cpu_devices(count: int) -> None:
-    """Ask for ``count`` simulated CPU devices; must run before any backend starts.
-
-    ``jax_num_cpu_devices`` exists in every supported JAX; the XLA flag is set
-    as well so that subprocesses started without this module agree.
-    """
+    """Ask for ``count`` simulated CPU devices before any backend starts (``jax_num_cpu_devices``, in
+    every supported JAX; the XLA flag too, so that subprocesses started without this module agree)."""
     flag = f"--xla_force_host_platform_device_count={count}"
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
@@ -226,11 +222,8 @@ _HOST_LIMITS = {
 
 
 def lower_for_platform(jitted: Any, args: Sequence[Any], platform: str) -> Any:
-    """Lower a jitted function for another backend than the host's (no compile).
-
-    Raises :class:`HostCannotLower` where JAX's lowering needs the target's
-    hardware to answer (seen from JAX 0.10 on for Pallas TPU kernels).
-    """
+    """Lower a jitted function for another backend than the host's (no compile): :class:`HostCannotLower`
+    where JAX's lowering needs the target's hardware to answer (JAX 0.10 on, Pallas TPU kernels)."""
     return lower_traced(jitted.trace(*args), platform)
 
 
@@ -308,6 +301,25 @@ def _interpret_module() -> Any:
         return importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
     except ImportError:  # JAX 0.6: a single module
         return importlib.import_module("jax._src.pallas.mosaic.interpret")
+
+
+def cpu_traced_as(chip: Any) -> Callable[[], None]:
+    """Pallas TPU helpers traced for CPU devices (``pltpu.emit_pipeline``'s tiling) take a TPU ``chip``'s
+    info, not "Unsupported TPU device kind: cpu": from JAX 0.10 by JAX's own registry of kinds
+    (``tpu_info.registry``), in 0.6 by its cached generation, read once with ``chip`` the default device.
+    The undo closure."""
+    for path in ("jax._src.tpu_info", "jax._src.pallas.mosaic.tpu_info"):
+        info = sys.modules.get(path) or (importlib.util.find_spec(path) and importlib.import_module(path))
+        if info and "cpu" not in getattr(info, "registry", {"cpu": None}):
+            kind = info.chip_version_from_device_kind(chip.device_kind)
+            info.registry["cpu"] = functools.partial(info.get_tpu_info_for_chip, kind, 1)
+            return lambda: info.registry.pop("cpu", None)
+    pipeline = importlib.import_module("jax._src.pallas.mosaic.pipeline")
+    if (generation := getattr(pipeline, "_get_tpu_generation", None)) is None:
+        return lambda: None
+    with jax.default_device(chip):
+        generation()
+    return generation.cache_clear
 
 
 def races_found() -> bool:
@@ -424,13 +436,10 @@ def note_interpreted_copies() -> Iterator[list[tuple[int, int, tuple[int, ...], 
 
 
 def reset_interpret_state(*, after_failure: bool = False) -> None:
-    """Drop interpret mode's simulated memory, semaphores and race state.
-
-    ``after_failure``: also drop JAX's ordered-effect runtime tokens. Interpret
-    mode runs the kernel through ordered io_callbacks, and each computation
-    takes the previous one's token as input; a failed (or stopped) kernel
-    leaves an error-valued token that every later kernel would inherit.
-    """
+    """Drop interpret mode's simulated memory, semaphores and race state. ``after_failure``: also JAX's
+    ordered-effect runtime tokens (interpret mode runs a kernel through ordered io_callbacks, each
+    computation taking the previous one's token: a failed or stopped kernel leaves an error-valued token
+    that every later kernel would inherit)."""
     from jax._src import dispatch
     from jax.experimental.pallas import tpu as pltpu
 
@@ -446,13 +455,10 @@ def reset_interpret_state(*, after_failure: bool = False) -> None:
 
 
 def abort_interpreted_kernel(reason: str) -> None:
-    """Make a kernel stuck in interpret mode (a wait nobody signals) stop, from another thread.
-
-    Newer JAX polls a failure flag in every wait: set it, and every device
-    raises and unwinds. JAX 0.6 waits on condition variables with no such
-    flag: signal every semaphore far past any wait and break the global
-    barrier, so the kernel runs to its end; the caller discards its result.
-    """
+    """Make a kernel stuck in interpret mode (a wait nobody signals) stop, from another thread. Newer
+    JAX polls a failure flag in every wait: set it, and every device raises and unwinds. JAX 0.6 waits
+    on condition variables with no such flag: signal every semaphore far past any wait and break the
+    global barrier, so the kernel runs to its end; the caller discards its result."""
     module = _interpret_module()
     shared = getattr(module, "_shared_memory", None)
     if shared is None:

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from conformance import compat, dtypes, registry, tolerances, watchdog
 from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 from conformance.specs.base import FamilySpec
-from conformance.targets import mosaic
+from conformance.targets import mosaic, tpu_compiler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,8 +259,9 @@ def bound(
 ) -> Any:
     """The implementation with its static keywords bound: a function of the operands alone.
 
-    A Pallas kernel on CPU gets ``interpret=InterpretParams(...)``; on a TPU it
-    gets no ``interpret`` and is compiled for the chip. A case at a mixed-precision ``dtype``
+    A Pallas kernel on CPU gets ``interpret=InterpretParams(...)`` and is traced with a TPU chip as the
+    default device (:func:`conformance.targets.tpu_compiler.traced_on_a_chip`); on a TPU it gets no
+    ``interpret`` and is compiled for the chip. A case at a mixed-precision ``dtype``
     (:mod:`conformance.dtypes`) tells the kernel its result's dtype, ``out_dtype=``.
     """
     record = registry.get(family, impl)
@@ -270,6 +271,7 @@ def bound(
         kwargs["interpret"] = compat.interpret_params(
             dma_execution_mode=dma_mode or "eager", detect_races=detect_races
         )
+        return tpu_compiler.traced_on_a_chip(functools.partial(record.fn, **kwargs))
     return functools.partial(record.fn, **kwargs)
 
 

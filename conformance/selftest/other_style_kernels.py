@@ -88,6 +88,17 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_backward_collectives",
         "test_lowered_bytes",
     },
+    # The HBM reduce-scatter as JAX's Pallas TPU tutorial builds it: each addition a nested
+    # `pltpu.emit_pipeline`, which reads the TPU generation while it is traced. Every check once
+    # crashed on it ("Unsupported TPU device kind: cpu"); the runner traces Pallas kernels with a TPU
+    # chip as the default device, and the compile tier with the mesh's own.
+    "correct_pallas_hbm_rs_emit_pipeline": {
+        "test_values",
+        "test_races",
+        "test_eager",
+        "test_tpu_layout",
+        "test_tpu_native_values",
+    },
 }
 #: A skip with this text is the host's limit, not the kernel's failure.
 HOST_LIMIT = "this host cannot lower this kernel for TPU"
@@ -386,4 +397,46 @@ def correct_moe_combine_ppermute_shifts(expert_rows, weights, expert_ids, placem
 
     return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name),) * 4, out_specs=P(axis_name))(
         expert_rows, weights, expert_ids, placement
+    )
+
+
+def _emit_pipeline(dst, first, second, tiles, *, rows, combine, written_back=True):
+    """``dst = combine(first, second)`` (``second`` alone where ``first`` is None) by ``emit_pipeline``
+    over tiles of ``rows`` rows, as the tutorial's HBM kernel adds (its own VMEM buffers: ``tiles`` and
+    ``written_back`` unused)."""
+    del tiles, written_back
+    operands = [second] if first is None else [first, second]
+    spec = pl.BlockSpec((rows, dst.shape[-1]), lambda i: (i, 0))
+
+    def add(*refs):
+        *ins, out = refs
+        value = ins[-1][...].astype(jnp.float32 if jnp.issubdtype(out.dtype, jnp.floating) else out.dtype)
+        if len(ins) == 2:
+            value = combine(ins[0][...].astype(value.dtype), value)
+        out[...] = value.astype(out.dtype)
+
+    pltpu.emit_pipeline(add, grid=(dst.shape[0] // rows,), in_specs=[spec] * len(operands), out_specs=[spec])(
+        *operands, dst
+    )
+
+
+@conformance.register(
+    "reduce_scatter", name="correct_pallas_hbm_rs_emit_pipeline", pallas=True, bidirectional=True
+)
+def correct_pallas_hbm_rs_emit_pipeline(x, *, mesh, axis_name, interpret=False):
+    """The built-in HBM rings with each addition by ``pltpu.emit_pipeline``."""
+    from conformance.kernels.reduce_scatter import pallas_hbm_ring, pallas_ring
+
+    def tile(rows, row_bytes):
+        return pallas_hbm_ring.tile_rows(rows, row_bytes, dtype=x.dtype, interpret=bool(interpret))
+
+    return pallas_ring.reduce_scatter(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=True,
+        name="correct_pallas_hbm_rs_emit_pipeline",
+        tile=tile,
+        pipeline=_emit_pipeline,
     )

@@ -141,6 +141,35 @@ def topology_devices(name: str) -> tuple[Any, ...]:
     return tuple(topologies.get_topology_desc(topology_name=name, platform="tpu").devices)
 
 
+#: The slice whose chip a Pallas TPU kernel is traced for under interpret mode (:func:`traced_on_a_chip`).
+INTERPRETED_AS = "v5e:2x2"
+
+
+def traced_on_a_chip(fn: Callable[..., Any], chip: Any | None = None) -> Callable[..., Any]:
+    """``fn`` traced as for a TPU chip: ``chip`` (a topology's), else the first of :data:`INTERPRETED_AS`
+    where libtpu is installed (``fn`` as it is where not).
+
+    Pallas TPU helpers read the chip's generation while a kernel is traced: ``pltpu.emit_pipeline``
+    tiles its DMA windows by it, and on a CPU host raises "Unsupported TPU device kind: cpu" (JAX 0.6.2
+    to 0.12), so the tutorial's HBM reduce-scatter could not be traced for interpret mode, nor for a
+    topology's chips. Only what those helpers read changes (:func:`conformance.compat.cpu_traced_as`):
+    every operand runs where it is, under interpret mode, as before."""
+    if chip is None:
+        if not available():
+            return fn
+        chip = topology_devices(INTERPRETED_AS)[0]
+
+    @functools.wraps(fn)
+    def on_a_chip(*args: Any, **kwargs: Any) -> Any:
+        undo = compat.cpu_traced_as(chip)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            undo()
+
+    return on_a_chip
+
+
 #: The slice for a mesh of 1 or 2 chips: its first chips (a v6e program may span part of its slice).
 SMALLEST_SLICE = "v6e:2x2"
 #: The most chips a mesh of the suite compiles for.
@@ -218,7 +247,10 @@ def compile_on(
     (by another worker, an earlier run) is read back (:mod:`conformance.targets.target_compiles`)."""
     from conformance.targets.mosaic import TpuConstraintError
 
-    traced = jax.jit(fn).trace(*args)  # what raises here is the kernel's own, raised while tracing
+    chips = [a.sharding for a in jax.tree.leaves(args) if getattr(a, "sharding", None) is not None]
+    chip = min(chips[0].device_set, key=lambda d: d.id) if chips else None
+    # what raises here is the kernel's own, raised while tracing
+    traced = jax.jit(traced_on_a_chip(fn, chip) if chip else fn).trace(*args)
     given = compile_options(options)
     try:
         with compilation_cache.bypassed():

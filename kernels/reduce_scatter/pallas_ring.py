@@ -104,6 +104,7 @@ def _ring_kernel(
     gather: bool = False,
     tile_rows: tuple[int, ...] | None = None,
     split_rows: tuple[int, ...] = (),
+    pipeline: Callable[..., None] = pipelined,
 ) -> None:
     """``directions`` rings (1: leftwards; 2: top rows leftwards, bottom rows rightwards). ``refs``:
     the inputs ``x[n, rows, cols]`` of each direction, its outputs ``[rows, cols]`` (``gather``: every
@@ -111,8 +112,10 @@ def _ring_kernel(
     semaphores and a credit semaphore. ``tile_rows``: the HBM kernel's, a direction's tile of rows (its
     refs in HBM, its send and receive buffers outputs after the results, as interpret mode allocates no
     HBM scratch, and ``TILE_BUFFERS`` more scratch per direction for ``_pallas.pipelined``); None:
-    every ref in VMEM. ``split_rows``: one input ``x[n, M/n, cols]``, each direction's inputs its next rows of
-    every block (a view, where one input per direction would be a copy of the partial)."""
+    every ref in VMEM; ``pipeline``: what adds in tiles (``_pallas.pipelined``'s signature; the
+    self-tests' other styles). ``split_rows``: one input ``x[n, M/n, cols]``, each direction's inputs
+    its next rows of every block (a view, where one input per direction would be a copy of the
+    partial)."""
     if split_rows:
         starts = [sum(split_rows[:k]) for k in range(directions)]
         inputs = tuple(refs[0].at[:, pl.ds(starts[k], split_rows[k])] for k in range(directions))
@@ -154,7 +157,7 @@ def _ring_kernel(
         ``k``'s tiles."""
         tiles = tuple(scratch[per_direction * k + 5 : per_direction * (k + 1)])
         combined = COMBINE[reduction]
-        pipelined(
+        pipeline(
             dst,
             first,
             second,
@@ -324,12 +327,13 @@ def scattered_partial(
     cut: Callable[[int], tuple[int, int]] | None = None,
     gather: bool = False,
     tile: Callable[[int, int], int] | None = None,
+    pipeline: Callable[..., None] = pipelined,
 ) -> jax.Array:
     """This device's row block of the sum of every device's ``partial[M, cols]``, by the ring kernel,
     rounded once to ``partial``'s dtype: called on each device inside a ``shard_map`` over ``axis_name``
     (``cut``: a block's rows -> the rows sent left and right, the self-tests' knob; the halves).
     ``tile``: the HBM kernel, ``(rows, row_bytes) ->`` the rows of a tile that divides a direction's
-    ``rows`` (every buffer in HBM, tiles through VMEM); None: every buffer in VMEM.
+    ``rows`` (every buffer in HBM, tiles through VMEM, added by ``pipeline``); None: every buffer in VMEM.
     ``gather``: the whole ``[M, cols]`` sum, each block rounded on its owner and gathered round the same
     rings in the same kernel (an all-reduce)."""
     n = lax.axis_size(axis_name)
@@ -357,6 +361,7 @@ def scattered_partial(
         gather=gather,
         tile_rows=tile_rows,
         split_rows=tuple(cuts) if tile_rows else (),
+        pipeline=pipeline,
     )
     # the sums go round in the partials' dtype, rounded once on their owner; a libtpu older than 0.0.42
     # refuses windows of narrower rows than a sublane tile, so there they go as the float32 accumulators
@@ -413,6 +418,7 @@ def reduce_scatter(
     protocol: Protocol = SAFE,
     cut: Callable[[int], tuple[int, int]] | None = None,
     tile: Callable[[int, int], int] | None = None,
+    pipeline: Callable[..., None] = pipelined,
 ) -> jax.Array:
     """The ring reduce-scatter of the partials ``x[n, M, cols]`` (``protocol`` and ``cut``: the
     self-tests' knobs; ``tile``: the HBM kernel's, :func:`scattered_partial`)."""
@@ -431,6 +437,7 @@ def reduce_scatter(
             protocol=protocol,
             cut=cut,
             tile=tile,
+            pipeline=pipeline,
         )
 
     scatter = jax.shard_map(
