@@ -20,11 +20,16 @@ from conformance.checks.base import (
 from conformance.runner import Case
 
 
-def check_values(case: Case) -> None:
+def check_values(case: Case, *, check: str = "values") -> None:
     """Every shard of the result equals the float64 reference within the dtype's tolerance."""
-    inputs64, out = run_case(case, "values", cached=False)
-    compare_with_reference(case, "values", out, inputs64)
-    assert_dtype(case, "values", out)  # so the drawn dtypes meet every mesh, not only dtype's two
+    inputs64, out = run_case(case, check, cached=False)
+    compare_with_reference(case, check, out, inputs64)
+    assert_dtype(case, check, out)  # so the drawn dtypes meet every mesh, not only dtype's two
+
+
+def check_tpu_native_values(case: Case) -> None:
+    """:func:`check_values` at the TPU-native dims, its failures named as this check's."""
+    check_values(case, check="tpu_native_values")
 
 
 def check_output_sharding(case: Case) -> None:
@@ -217,7 +222,7 @@ CHECKS = (
     ),
     Check(
         "tpu_native_values",
-        check_values,
+        check_tpu_native_values,
         # every dtype on the longest ring: a DMA window's bytes turn on the dtype, not the ring, and the
         # neighbours a 2-D or 3-D mesh gives a kernel are the values check's on every mesh
         axes=Axes(
