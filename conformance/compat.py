@@ -141,11 +141,8 @@ def reshard(x: Any, sharding: Any) -> Any:
 
 
 def all_gather_invariant(x: Any, axis_name: str, *, axis: int = 0, tiled: bool = False) -> Any:
-    """An all-gather whose result is typed invariant over ``axis_name`` (so ``out_specs=P()`` checks).
-
-    Spelled ``lax.all_gather(..., to="invarying")`` in new JAX and
-    ``lax.all_gather_invariant`` in 0.6.
-    """
+    """An all-gather whose result is typed invariant over ``axis_name`` (so ``out_specs=P()`` checks):
+    ``lax.all_gather(..., to="invarying")`` in new JAX, ``lax.all_gather_invariant`` in 0.6."""
     if hasattr(jax.lax, "all_gather_invariant"):
         return jax.lax.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
     return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled, to="invarying")
@@ -161,13 +158,10 @@ def varying(x: Any, axis_name: str) -> Any:
 def varying_shape_dtype_struct(
     shape: Sequence[int], dtype: Any, *, varying_axes: frozenset[str]
 ) -> jax.ShapeDtypeStruct:
-    """A ``pallas_call`` ``out_shape`` that declares which manual mesh axes its value varies over.
-
-    Under ``shard_map(check_vma=True)`` this is how a kernel tells JAX that its
-    output is replicated over every other axis, so autodiff needs no defensive
-    all-reduce. Spelled ``ShapeDtypeStruct(..., vma=axes)`` in JAX 0.6 and
-    ``ShapeDtypeStruct(..., manual_axis_type=ManualAxisType(varying=axes))`` now.
-    """
+    """A ``pallas_call`` ``out_shape`` that declares which manual mesh axes its value varies over: under
+    ``shard_map(check_vma=True)`` how a kernel tells JAX its output is replicated over every other axis,
+    so autodiff needs no defensive all-reduce. ``ShapeDtypeStruct(..., vma=axes)`` in JAX 0.6,
+    ``ShapeDtypeStruct(..., manual_axis_type=ManualAxisType(varying=axes))`` now."""
     parameters = inspect.signature(jax.ShapeDtypeStruct.__init__).parameters
     if "manual_axis_type" in parameters:
         mat = jax.sharding.ManualAxisType(varying=frozenset(varying_axes))
