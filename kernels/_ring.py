@@ -47,12 +47,14 @@ several transfers each; the kernels give each step's matmul its own operand
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 
 def ring_perm(n: int, shift: int) -> list[tuple[int, int]]:
@@ -222,6 +224,52 @@ def with_ring_vjp(
 
     ring.defvjp(ring_fwd, ring_bwd)
     return ring
+
+
+RingSpecs = Callable[[str], tuple[tuple[P, P], P]]
+
+
+def shard_mapped_ring(
+    forward: Callable[..., jax.Array],
+    backward: Callable[..., tuple[jax.Array, jax.Array]],
+    *,
+    specs: RingSpecs,
+) -> Callable[..., jax.Array]:
+    """A collective matmul's ring, per device ``forward`` (its pullback ``backward``, both taking
+    ``axis_name``, ``bidirectional`` and ``out_dtype``; ``forward`` also ``paced``), as one call over
+    the global operands: ``run(lhs, rhs, mesh, axis_name, *, bidirectional, out_dtype=None,
+    paced=True)``, under ``jax.shard_map`` with ``specs(axis_name)``: ``((lhs, rhs), out)``."""
+
+    def run(
+        lhs: jax.Array,
+        rhs: jax.Array,
+        mesh: jax.sharding.Mesh,
+        axis_name: str,
+        *,
+        bidirectional: bool,
+        out_dtype: object = None,
+        paced: bool = True,
+    ) -> jax.Array:
+        statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype}
+        per_device = with_ring_vjp(
+            functools.partial(forward, **statics, paced=paced), functools.partial(backward, **statics)
+        )
+        in_specs, out_specs = specs(axis_name)
+        return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs)(lhs, rhs)
+
+    return run
+
+
+def unpaced(run: Callable[..., jax.Array], *, bidirectional: bool) -> Callable[..., jax.Array]:
+    """The ring of :func:`shard_mapped_ring` with its pacing taken out, as a kernel: what the
+    schedule checks measure pacing against (a registration's ``unpaced``)."""
+
+    def kernel(
+        lhs: jax.Array, rhs: jax.Array, *, mesh: jax.sharding.Mesh, axis_name: str, out_dtype: object = None
+    ) -> jax.Array:
+        return run(lhs, rhs, mesh, axis_name, bidirectional=bidirectional, out_dtype=out_dtype, paced=False)
+
+    return kernel
 
 
 def sharded_dot(a: jax.Array, b: jax.Array, *, out: jax.sharding.NamedSharding) -> jax.Array:

@@ -49,15 +49,20 @@ or, for float8 and int8 operands, the wider ``out_dtype`` the caller names
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, unmerged, with_ring_vjp
+from conformance.kernels._ring import (
+    dot,
+    ring_gather_visit,
+    ring_reduce_scatter,
+    shard_mapped_ring,
+    unmerged,
+    unpaced,
+)
 from conformance.kernels.allgather_matmul._common import DTYPES, validate
 
 
@@ -114,49 +119,16 @@ def _backward(
     return d_lhs.astype(lhs_block.dtype), d_rhs.astype(rhs_block.dtype)
 
 
-def _per_device(
-    lhs_block: jax.Array,
-    rhs_block: jax.Array,
-    *,
-    axis_name: str,
-    bidirectional: bool,
-    out_dtype: object = None,
-    paced: bool = True,
-) -> jax.Array:
-    statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype}
-    forward = functools.partial(_forward, **statics, paced=paced)
-    ring = with_ring_vjp(forward, functools.partial(_backward, **statics))
-    return ring(lhs_block, rhs_block)
-
-
-def _shard_mapped(
-    lhs, rhs, mesh, axis_name, *, bidirectional: bool, out_dtype: object = None, paced: bool = True
-):
-    statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype, "paced": paced}
-    return jax.shard_map(
-        functools.partial(_per_device, **statics),
-        mesh=mesh,
-        in_specs=(P(axis_name, None), P(None, axis_name)),
-        out_specs=P(None, axis_name),
-    )(lhs, rhs)
-
-
-def _unpaced(*, bidirectional: bool):
-    """The ring with its pacing taken out: what the schedule checks measure pacing against."""
-
-    def kernel(lhs, rhs, *, mesh, axis_name, out_dtype=None):
-        return _shard_mapped(
-            lhs, rhs, mesh, axis_name, bidirectional=bidirectional, out_dtype=out_dtype, paced=False
-        )
-
-    return kernel
+_shard_mapped = shard_mapped_ring(
+    _forward, _backward, specs=lambda axis: ((P(axis, None), P(None, axis)), P(None, axis))
+)
 
 
 @conformance.register(
     "allgather_matmul",
     name="ring_allgather_matmul_unidirectional",
     differentiable=True,
-    unpaced=_unpaced(bidirectional=False),
+    unpaced=unpaced(_shard_mapped, bidirectional=False),
     dtypes=DTYPES,
     description="one ring direction; transfer of block s+1 overlaps the matmul of block s",
 )
@@ -172,7 +144,7 @@ def ring_allgather_matmul_unidirectional(
     name="ring_allgather_matmul_bidirectional",
     bidirectional=True,
     differentiable=True,
-    unpaced=_unpaced(bidirectional=True),
+    unpaced=unpaced(_shard_mapped, bidirectional=True),
     dtypes=DTYPES,
     description="half of each row block travels each way round the ring",
 )

@@ -37,15 +37,20 @@ Python (n static). M and K must be multiples of n; any N.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import conformance
-from conformance.kernels._ring import dot, ring_gather_visit, ring_reduce_scatter, unmerged, with_ring_vjp
+from conformance.kernels._ring import (
+    dot,
+    ring_gather_visit,
+    ring_reduce_scatter,
+    shard_mapped_ring,
+    unmerged,
+    unpaced,
+)
 from conformance.kernels.matmul_reduce_scatter._common import DTYPES, validate
 
 
@@ -95,49 +100,16 @@ def _backward(
     return d_lhs, d_rhs.astype(rhs_block.dtype)
 
 
-def _per_device(
-    lhs_block: jax.Array,
-    rhs_block: jax.Array,
-    *,
-    axis_name: str,
-    bidirectional: bool,
-    out_dtype: object = None,
-    paced: bool = True,
-) -> jax.Array:
-    statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype}
-    forward = functools.partial(_forward, **statics, paced=paced)
-    ring = with_ring_vjp(forward, functools.partial(_backward, **statics))
-    return ring(lhs_block, rhs_block)
-
-
-def _shard_mapped(
-    lhs, rhs, mesh, axis_name, *, bidirectional: bool, out_dtype: object = None, paced: bool = True
-):
-    statics = {"axis_name": axis_name, "bidirectional": bidirectional, "out_dtype": out_dtype, "paced": paced}
-    return jax.shard_map(
-        functools.partial(_per_device, **statics),
-        mesh=mesh,
-        in_specs=(P(None, axis_name), P(axis_name, None)),
-        out_specs=P(axis_name, None),
-    )(lhs, rhs)
-
-
-def _unpaced(*, bidirectional: bool):
-    """The ring with its pacing taken out: what the schedule checks measure pacing against."""
-
-    def kernel(lhs, rhs, *, mesh, axis_name, out_dtype=None):
-        return _shard_mapped(
-            lhs, rhs, mesh, axis_name, bidirectional=bidirectional, out_dtype=out_dtype, paced=False
-        )
-
-    return kernel
+_shard_mapped = shard_mapped_ring(
+    _forward, _backward, specs=lambda axis: ((P(None, axis), P(axis, None)), P(axis, None))
+)
 
 
 @conformance.register(
     "matmul_reduce_scatter",
     name="ring_matmul_reduce_scatter_unidirectional",
     differentiable=True,
-    unpaced=_unpaced(bidirectional=False),
+    unpaced=unpaced(_shard_mapped, bidirectional=False),
     dtypes=DTYPES,
     description="float32 accumulators travel one way; next contribution computed while in flight",
 )
@@ -153,7 +125,7 @@ def ring_matmul_reduce_scatter_unidirectional(
     name="ring_matmul_reduce_scatter_bidirectional",
     bidirectional=True,
     differentiable=True,
-    unpaced=_unpaced(bidirectional=True),
+    unpaced=unpaced(_shard_mapped, bidirectional=True),
     dtypes=DTYPES,
     description="top half of each accumulator travels left, bottom half right",
 )
