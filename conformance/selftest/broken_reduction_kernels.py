@@ -49,6 +49,12 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_rs_leaves_a_send_unwaited": "a semaphore has a nonzero count at kernel exit",
     "broken_pallas_hbm_rs_reuses_a_tile_still_being_written": "differ from the numpy float64 reference",
 }
+#: The one case of its check the sweep runs where every case fails alike: each of the HBM twin's four
+#: TPU-native dtypes took 35-44 s to fail (its block map runs the interpreted ring again per ring
+#: position), 158 s of the sweep for the one verdict a dtype gives.
+EXPECTED_ON: dict[str, str] = {
+    "broken_pallas_hbm_rs_reuses_a_tile_still_being_written": "bfloat16",
+}
 
 
 def _reduce_scatter(per_device, x, mesh, axis_name):
