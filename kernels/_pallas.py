@@ -21,7 +21,8 @@ def neighbour(mesh_axes: tuple[str, ...], axis_name: str, index: jax.Array) -> t
     return tuple(index if a == axis_name else lax.axis_index(a) for a in mesh_axes)
 
 
-#: Buffers :func:`pipelined` takes: four VMEM ``[2, rows, cols]`` tile buffers and its DMA semaphores.
+#: Buffers :func:`pipelined` takes: four VMEM ``[2, rows, cols]`` tile buffers (the fourth unread, and
+#: any shape, where the output's dtype is the accumulators') and its DMA semaphores.
 TILE_BUFFERS = 5
 
 
@@ -39,7 +40,8 @@ def pipelined(
     dtype, for HBM refs: ``rows`` rows at a time through VMEM, two tiles in flight (each tile's operands
     fetched while the one before is combined, each result written back while the next is combined).
     ``tiles``: VMEM ``[2, rows, cols]`` buffers for ``first`` (the accumulators' dtype), ``second``, a
-    result in the accumulators' dtype and one in the output's, then DMA semaphores ``[3, 2]``.
+    result in the accumulators' dtype and one in the output's (unread where ``dst`` has the
+    accumulators' dtype), then DMA semaphores ``[3, 2]``.
     ``written_back``: each result slot's write-back waited before the slot is written again (the
     self-tests take it out)."""
     first_tiles, second_tiles, acc_tiles, out_tiles, sems = tiles

@@ -382,11 +382,14 @@ def scattered_partial(
         ]
         if tile_rows:  # the tile pipeline's buffers (_pallas.pipelined)
             rows_in_tile = tile_rows[k]
+            tile_shape = (2, rows_in_tile, cols)
             scratch += [
-                pltpu.VMEM((2, rows_in_tile, cols), acc),
-                pltpu.VMEM((2, rows_in_tile, cols), blocks.dtype),
-                pltpu.VMEM((2, rows_in_tile, cols), acc),
-                pltpu.VMEM((2, rows_in_tile, cols), out_dtype),
+                pltpu.VMEM(tile_shape, acc),
+                pltpu.VMEM(tile_shape, blocks.dtype),
+                pltpu.VMEM(tile_shape, acc),
+                # results in the output's dtype: none where it is the accumulators' (one sublane tile
+                # stands in; a float32 direction's tiles were 4 MiB of VMEM where 3 are used)
+                pltpu.VMEM(tile_shape if out_dtype != acc else (1, 8, 128), out_dtype),
                 pltpu.SemaphoreType.DMA((3, 2)),
             ]
     vmem = pl.BlockSpec(memory_space=pl.ANY if tile else pltpu.VMEM)
