@@ -13,17 +13,18 @@ and result, a DMA semaphore per slot). A step's credit goes upstream only once i
 written back, so the buffer it read is free for the DMA of two steps on.
 
 JAX's Pallas TPU tutorial builds this kernel's additions with ``pltpu.emit_pipeline`` nested inside the
-ring. Here the pipeline is written out (``_pipelined`` in the ring's module): ``emit_pipeline`` reads
-the TPU generation of the default device when it is traced (JAX 0.6.2 to 0.12: "Unsupported TPU device
-kind: cpu"), so a kernel built on it traces on a TPU host only, never under interpret mode on a CPU.
+ring. Here the pipeline is written out (:func:`conformance.kernels._pallas.pipelined`), its slots and
+their reuse in plain sight of the interpreter and of the self-test that breaks them; a kernel built on
+``emit_pipeline`` is checked all the same (the suite traces it as for a TPU chip; a self-test holds
+such a form of this kernel to values, eager and TPU layout).
 
 Tiles. On a TPU a tile is the largest divisor of a direction's rows that is a whole number of packed
 sublane tiles (8 rows of 32-bit data, 16 of 16-bit, 32 of 8-bit) and keeps one buffer within
-:data:`TILE_BYTES` at the accumulators' width (two slots of four buffers: 4 MiB of VMEM a direction);
-where no divisor is such, one tile of every row. Under interpret mode a tile is the largest divisor of
-the rows no more than a third of them (one row where none is), so a direction of three or more rows
-goes through three or more tiles and each VMEM slot is reused: the pipeline's slots, their reuse and
-its races are what the interpreter runs.
+:data:`TILE_BYTES` at the accumulators' width (two slots of four buffers, 4 MiB of VMEM a direction; of
+three where the output has the accumulators' dtype); where no divisor is such, one tile of every row.
+Under interpret mode a tile is the largest divisor of the rows no more than a third of them (one row
+where none is), so a direction of three or more rows goes through three or more tiles and each VMEM slot
+is reused: the pipeline's slots, their reuse and its races are what the interpreter runs.
 
 Limits. As the VMEM kernel's (one mesh axis, unrolled steps, float16 widened outside the kernel on a
 TPU, a ring of one runs no kernel), but HBM, not VMEM, bounds the partial. Each addition reads its
