@@ -20,7 +20,7 @@ such a form of this kernel to values, eager and TPU layout).
 
 Tiles. On a TPU a tile is the largest divisor of a direction's rows that is a whole number of packed
 sublane tiles (8 rows of 32-bit data, 16 of 16-bit, 32 of 8-bit) and keeps one buffer within
-:data:`TILE_BYTES` at the accumulators' width (two slots of four buffers, 4 MiB of VMEM a direction; of
+:data:`TILE_BYTES` at the accumulators' width (two slots of four buffers, 4 MiB of VMEM a direction, of
 three where the output has the accumulators' dtype); where no divisor is such, one tile of every row.
 Under interpret mode a tile is the largest divisor of the rows no more than a third of them (one row
 where none is), so a direction of three or more rows goes through three or more tiles and each VMEM slot
