@@ -388,7 +388,7 @@ def scattered_partial(
                 pltpu.VMEM(tile_shape, blocks.dtype),
                 pltpu.VMEM(tile_shape, acc),
                 # results in the output's dtype: unread where it is the accumulators', so one sublane
-                # tile stands in (libtpu allocates no VMEM for an unread buffer either way: at 512 KiB
+                # tile stands in (libtpu 0.0.42 allocates no VMEM for an unread buffer either way: at 512 KiB
                 # tiles a float32 ring compiles within 6 MiB of scoped VMEM with either; interpret mode
                 # allocates what it is given)
                 pltpu.VMEM(tile_shape if out_dtype != acc else (1, 8, 128), out_dtype),
