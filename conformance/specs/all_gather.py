@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
-from conformance.specs.base import BadInput, Dims, FamilySpec, Operand
+from conformance.specs.base import BadInput, Dims, FamilySpec, Operand, rows_tagged_by_position
 
 
 def _x_shape(d: Dims, n: int) -> tuple[int, int]:
@@ -60,11 +60,7 @@ def _bad_inputs(n: int) -> tuple[BadInput, ...]:
 def _block_tags(shapes: tuple[tuple[int, ...], ...], n: int, sources: tuple[int, ...]) -> tuple[np.ndarray]:
     """``x`` zero but the rows of the ring positions ``sources``: position ``s``'s carry ``s + 1``."""
     (shape,) = shapes
-    x = np.zeros(shape)
-    rows = shape[-2] // n
-    for s in sources:
-        x[..., s * rows : (s + 1) * rows, :] = s + 1
-    return (x,)
+    return (rows_tagged_by_position(shape, n, sources),)
 
 
 ALL_GATHER = FamilySpec(

@@ -26,6 +26,16 @@ def partial_itemsize(itemsize: int) -> int:
     return max(itemsize, 4)
 
 
+def rows_tagged_by_position(shape: tuple[int, ...], n: int, sources: tuple[int, ...]) -> np.ndarray:
+    """A block map's tagged operand (:attr:`FamilySpec.block_tags`): zero but the row blocks (along dim
+    -2) of the ring positions ``sources``, position ``s``'s rows carrying ``s + 1``."""
+    x = np.zeros(shape)
+    rows = shape[-2] // n
+    for s in sources:
+        x[..., s * rows : (s + 1) * rows, :] = s + 1
+    return x
+
+
 @dataclasses.dataclass(frozen=True)
 class Operand:
     """One input of the family's signature: its name, sharding and global shape; an operand that is

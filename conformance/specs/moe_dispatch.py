@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
 from conformance.specs import moe_routing
-from conformance.specs.base import Dims, FamilySpec, KnownMistake, Operand
+from conformance.specs.base import Dims, FamilySpec, KnownMistake, Operand, rows_tagged_by_position
 
 
 def _tokens_shape(d: Dims, n: int) -> tuple[int, int]:
@@ -100,11 +100,7 @@ def _block_tags(shapes, n: int, sources: tuple[int, ...]) -> tuple[np.ndarray, .
     """``tokens`` zero but the rows of the ring positions ``sources`` (position ``s``'s carry ``s + 1``):
     each row of the result names the device its token came from, each padding row is 0. (The routing
     operands are the case's own; the block map keeps them.)"""
-    tokens = np.zeros(shapes[0])
-    t_per = shapes[0][0] // n
-    for s in sources:
-        tokens[s * t_per : (s + 1) * t_per] = s + 1
-    return (tokens, *(np.zeros(shape) for shape in shapes[1:]))
+    return (rows_tagged_by_position(shapes[0], n, sources), *(np.zeros(shape) for shape in shapes[1:]))
 
 
 MOE_DISPATCH = FamilySpec(

@@ -68,7 +68,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
-from conformance.specs.base import BadInput, Dims, FamilySpec, KnownMistake, Operand
+from conformance.specs.base import BadInput, Dims, FamilySpec, KnownMistake, Operand, rows_tagged_by_position
 
 #: The kinds of traffic the ``routing`` dim names, by value (0, 1, ...): what each lays out.
 ROUTINGS = (
@@ -294,11 +294,7 @@ def _block_tags(
     """``x`` zero but the rows of the ring positions ``sources`` (position ``s``'s carry ``s + 1``),
     ``output`` zero: each written row of the result names its sender, each untouched one is 0. (The
     routing operands are the case's own; the block map keeps them.)"""
-    x = np.zeros(shapes[0])
-    rows = shapes[0][0] // n
-    for s in sources:
-        x[s * rows : (s + 1) * rows] = s + 1
-    return (x, *(np.zeros(shape) for shape in shapes[1:]))
+    return (rows_tagged_by_position(shapes[0], n, sources), *(np.zeros(shape) for shape in shapes[1:]))
 
 
 RAGGED_ALL_TO_ALL = FamilySpec(
