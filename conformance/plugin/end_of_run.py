@@ -13,7 +13,7 @@ from conformance import checks, claims
 from conformance.fixtures import devices as devices_lib
 from conformance.jobs import distributed
 from conformance.plugin import xdist_workers
-from conformance.reports import bench, failure_summary, results
+from conformance.reports import bench, failure_summary, provenance, results
 from conformance.session import Session
 
 #: The pytest session's :class:`~conformance.session.Session` (settings, state and run log).
@@ -233,7 +233,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         return
     made = tables(log)
     xml = _junit_xml(config)
-    if xml is not None:  # the tables reach JUnit as testsuite properties
+    if xml is not None:  # the tables reach JUnit as testsuite properties, with what made the verdicts
+        xml.add_global_property(provenance.PROPERTY, provenance.source_digest())
         for table in made:
             xml.add_global_property(f"conformance: {table.title}", "\n".join(table.lines))
     json_path, html_path = config.getoption("conformance_json"), config.getoption("conformance_html")

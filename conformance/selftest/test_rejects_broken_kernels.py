@@ -25,6 +25,7 @@ from conformance.checks.values import EAGER_MESHES
 from conformance.claims import NOT_CLAIMED
 from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
 from conformance.jobs.distributed import PALLAS_INTERPRET
+from conformance.reports import provenance
 from conformance.selftest import (
     broken_batch_kernels,
     broken_direction_kernels,
@@ -199,11 +200,69 @@ HANG_TIMEOUT_S = 20
 #: processes, is then skipped with that reason and its kernel's rejection reported as skipped.
 LAUNCH = os.environ.get("CONFORMANCE_SELFTEST_LAUNCH", "")
 _ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w-]+?)-(?P<rest>.*)\]$")
+#: ``CONFORMANCE_BUILTIN_VERDICTS=FILE[:FILE...]`` (the selftest env: the cpu and tpu-compile envs'
+#: JUnit files): the built-ins' verdicts from runs of them, taken instead of running them again where
+#: every file holds this tree's and this JAX's digest (:mod:`conformance.reports.provenance`) and
+#: together they ran every test :data:`BUILTINS` asks of every built-in; else the sweep runs them.
+BUILTIN_VERDICTS = [
+    Path(p) for p in os.environ.get("CONFORMANCE_BUILTIN_VERDICTS", "").split(os.pathsep) if p
+]
+
+Verdicts = dict[str, dict[str, list[tuple[str, str]]]]
+
+
+def verdicts_of(report: Path) -> Verdicts:
+    """{impl: {test: [(outcome, message), ...]}} of one JUnit file of the suite's family tests."""
+    verdicts: Verdicts = defaultdict(lambda: defaultdict(list))
+    for case in ET.parse(report).getroot().iter("testcase"):
+        if case.get("classname", "").endswith(NON_FAMILY_TESTS):
+            continue
+        m = _ID.match(case.get("name", ""))
+        assert m, f"unexpected test id {case.get('name')!r}"
+        failure = case.find("failure")
+        error = case.find("error")
+        skipped = case.find("skipped")
+        if failure is not None:
+            verdicts[m["impl"]][m["test"]].append(
+                ("failed", failure.get("message", "") + (failure.text or ""))
+            )
+        elif error is not None:
+            verdicts[m["impl"]][m["test"]].append(("error", error.get("message", "")))
+        elif skipped is not None:
+            verdicts[m["impl"]][m["test"]].append(("skipped", skipped.get("message", "")))
+        else:
+            verdicts[m["impl"]][m["test"]].append(("passed", ""))
+    return verdicts
+
+
+def builtin_verdicts_of_earlier_runs(reports: list[Path]) -> tuple[Verdicts | None, str]:
+    """The built-ins' verdicts from ``reports`` and where they came from; ``None`` and why not where
+    a file is missing, was made by other code or another JAX, or the files lack a test of a built-in."""
+    if not reports:
+        return None, "no earlier run named (CONFORMANCE_BUILTIN_VERDICTS)"
+    merged: Verdicts = defaultdict(lambda: defaultdict(list))
+    for report in reports:
+        if not report.is_file():
+            return None, f"{report} does not exist"
+        root = ET.parse(report).getroot()
+        digests = {p.get("value") for p in root.iter("property") if p.get("name") == provenance.PROPERTY}
+        if digests != {provenance.source_digest()}:
+            return None, f"{report} was made by other code or another JAX (digest {sorted(digests)})"
+        for impl, tests in verdicts_of(report).items():
+            if impl in BUILTINS:
+                for test, outcomes in tests.items():
+                    merged[impl][test].extend(outcomes)
+    for impl, tests in BUILTINS.items():
+        missing = tests - set(merged.get(impl, {}))
+        if missing:
+            return None, f"{impl} did not run {sorted(missing)} there"
+    return merged, ", ".join(str(r) for r in reports)
 
 
 @functools.cache
-def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]], str]:
-    """{impl: {test: [(outcome, message), ...]}} from one run of the conformance suite, and its output."""
+def suite_run(tmp_dir: str) -> tuple[Verdicts, str]:
+    """{impl: {test: [(outcome, message), ...]}} from one run of the conformance suite, and its output
+    (the built-ins' from the earlier runs :data:`BUILTIN_VERDICTS` names, where they hold)."""
     report = Path(tmp_dir) / "conformance.xml"
     # Built-ins run every check; each broken kernel only the check meant for it; each correct kernel
     # of another style the checks it must pass.
@@ -220,7 +279,8 @@ def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]]
         for impl, tests in broken_overlap_kernels.EXPECTED_PASS.items()
     )
     selected = f"({targeted}) and ({KERNEL_SUBSET})"
-    if SCOPE == "full":
+    earlier, _ = builtin_verdicts_of_earlier_runs(BUILTIN_VERDICTS) if SCOPE == "full" else (None, "")
+    if SCOPE == "full" and earlier is None:
         selected = f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {selected}"
     cmd = suite_command(
         "-k",
@@ -257,25 +317,9 @@ def suite_run(tmp_dir: str) -> tuple[dict[str, dict[str, list[tuple[str, str]]]]
         f"the run with broken kernels must exit 1 (tests failed), got {proc.returncode}:\n"
         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
-    verdicts: dict[str, dict[str, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))
-    for case in ET.parse(report).getroot().iter("testcase"):
-        if case.get("classname", "").endswith(NON_FAMILY_TESTS):
-            continue
-        m = _ID.match(case.get("name", ""))
-        assert m, f"unexpected test id {case.get('name')!r}"
-        failure = case.find("failure")
-        error = case.find("error")
-        skipped = case.find("skipped")
-        if failure is not None:
-            verdicts[m["impl"]][m["test"]].append(
-                ("failed", failure.get("message", "") + (failure.text or ""))
-            )
-        elif error is not None:
-            verdicts[m["impl"]][m["test"]].append(("error", error.get("message", "")))
-        elif skipped is not None:
-            verdicts[m["impl"]][m["test"]].append(("skipped", skipped.get("message", "")))
-        else:
-            verdicts[m["impl"]][m["test"]].append(("passed", ""))
+    verdicts = verdicts_of(report)
+    if earlier is not None:
+        verdicts.update(earlier)
     return verdicts, proc.stdout
 
 
@@ -480,3 +524,33 @@ def test_a_replay_with_nothing_to_judge_says_so(impl: str) -> None:
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "NOT JUDGED overlap: " in proc.stdout and "Traceback" not in proc.stdout + proc.stderr, proc.stdout
+
+
+def test_earlier_verdicts_are_taken_only_from_this_tree_s_run_of_every_builtin_test(tmp_path: Path) -> None:
+    """The sweep takes the built-ins' verdicts from an earlier run only where that run was made by this
+    very code and JAX and ran every test each built-in must: never a stale or partial file's passes."""
+
+    def junit(path: Path, digest: str, tests: dict[str, set[str]]) -> Path:
+        cases = "".join(
+            f'<testcase classname="conformance.tests.test_x" name="{test}[{impl}-1-x-explicit-cpu]"/>'
+            for impl, names in tests.items()
+            for test in sorted(names)
+        )
+        path.write_text(
+            f'<testsuites><testsuite><properties><property name="{provenance.PROPERTY}" value="{digest}"/>'
+            f"</properties>{cases}</testsuite></testsuites>"
+        )
+        return path
+
+    every = {impl: set(tests) for impl, tests in BUILTINS.items()}
+    here = provenance.source_digest()
+    taken, where = builtin_verdicts_of_earlier_runs([junit(tmp_path / "all.xml", here, every)])
+    assert taken is not None and set(taken) == set(BUILTINS), where
+    assert all(taken[i][t] == [("passed", "")] for i in BUILTINS for t in BUILTINS[i])
+    stale, why = builtin_verdicts_of_earlier_runs([junit(tmp_path / "stale.xml", "0" * 64, every)])
+    assert stale is None and "other code or another JAX" in why, why
+    partial = {**every, "xla_all_gather": every["xla_all_gather"] - {"test_values"}}
+    missing, why = builtin_verdicts_of_earlier_runs([junit(tmp_path / "partial.xml", here, partial)])
+    assert missing is None and "xla_all_gather did not run ['test_values']" in why, why
+    absent, why = builtin_verdicts_of_earlier_runs([tmp_path / "absent.xml"])
+    assert absent is None and "does not exist" in why, why
