@@ -1,12 +1,10 @@
 """Cases, inputs, and compile-once execution shared by every check.
 
-A :class:`Case` pins everything about one run (family, implementation, mesh,
-dims, dtype, platform, seed) and prints as a token the replay command reads
-back, so any failure can be reproduced with one line outside pytest.
-
-Compiled executables are cached per (implementation, mesh, platform, operand
-shapes, dtype): the sharding, dtype, determinism and HLO checks of one mesh all
-reuse a single compile, and hypothesis examples that revisit a shape do too.
+A :class:`Case` pins everything about one run (family, implementation, mesh, dims, dtype, platform,
+seed) and prints as a token the replay command reads back, so any failure can be reproduced with one
+line outside pytest. Compiled executables are cached per (implementation, mesh, platform, operand
+shapes, dtype): the sharding, dtype, determinism and HLO checks of one mesh all reuse a single
+compile, and hypothesis examples that revisit a shape do too.
 """
 
 from __future__ import annotations
@@ -375,11 +373,10 @@ def _compiled(key: Case, detect_races: bool) -> Any:
 
 
 def typed_out_spec(case: Case) -> Any:
-    """The ``PartitionSpec`` of the result's type as the kernel's traced program declares it
-    (``jax.typeof`` of the result, on an Explicit mesh), or ``None`` where it has none. Read off
-    ``jax.eval_shape`` of the jitted kernel, which reuses the trace its compile made: a result's
-    own ``.sharding`` is XLA's placement, which JAX 0.6.2 gives as ``P('x')`` for a replicated result
-    on a size-1 axis."""
+    """The ``PartitionSpec`` of the result's type as the kernel's traced program declares it (``jax.typeof``
+    of the result, on an Explicit mesh), or ``None`` where it has none. Read off ``jax.eval_shape`` of
+    the jitted kernel, which reuses its compile's trace: a result's own ``.sharding`` is XLA's placement,
+    which JAX 0.6.2 gives as ``P('x')`` for a replicated result on a size-1 axis."""
     out = jax.eval_shape(jitted_for(case), *abstract_args(case))
     leaves = jax.tree_util.tree_leaves(out)
     return getattr(getattr(leaves[0], "sharding", None), "spec", None) if leaves else None
@@ -391,11 +388,21 @@ def compiled(case: Case, *, detect_races: bool = False) -> Any:
 
 
 @functools.cache
-def _compiled_pullback(key: Case) -> Any:
+def _jitted_pullback(key: Case) -> Any:
     fn = bound(
         key.family, key.impl, key.mesh, key.platform, key.mesh.axis_name, key.dma_mode, dtype=key.dtype
     )
-    return compile_lowered(pullback_of(fn).lower(*abstract_pullback_args(key)), key.platform)
+    return pullback_of(fn)
+
+
+def jitted_pullback(case: Case) -> Any:
+    """The jitted VJP of ``case``'s implementation (:func:`pullback_of`; one per shape)."""
+    return _jitted_pullback(_compile_key(case))
+
+
+@functools.cache
+def _compiled_pullback(key: Case) -> Any:
+    return compile_lowered(jitted_pullback(key).lower(*abstract_pullback_args(key)), key.platform)
 
 
 def compiled_pullback(case: Case) -> Any:
@@ -533,13 +540,11 @@ def held_for(case: Case) -> tuple[str, str, MeshConfig, str]:
 def release_cases() -> None:
     """Drop every program, trace, lowering and run this module holds (its caches above).
 
-    :func:`conformance.run.outcomes.run_here` calls it when a check's case is another :func:`held_for`
+    :func:`conformance.run.outcomes.hold` calls it when a check's case is another :func:`held_for`
     than the last one's: the suite runs one implementation's tests on one mesh together
-    (:func:`conformance.plugin.xdist_workers.in_groups`), and they share what is held while it is. A whole
-    ``tox -e cpu`` in one process then holds one such group's executables, not every one it compiled:
-    0.75 GB resident at its peak against 1.8 GB, and 580,000 objects at its end for each garbage
-    collection to walk against 930,000.
+    (:func:`conformance.plugin.xdist_workers.in_groups`), and they share what is held while it is
+    (``tox -e cpu`` in one process: 0.75 GB resident at its peak, not 1.8 GB).
     """
-    held = (jitted, _compiled, _compiled_pullback, _traced_for_targets, _lowered_for_target, execute_cached)
-    for cache in held:
+    held = (jitted, _compiled, _jitted_pullback, _compiled_pullback, _traced_for_targets)
+    for cache in (*held, _lowered_for_target, execute_cached):
         cache.cache_clear()

@@ -159,6 +159,9 @@ class Session:
         #: Where compiles for TPU and GPU topologies are kept across processes and runs
         #: (:mod:`conformance.targets.target_compiles`); ``None``: in this process only.
         self.target_compile_dir: str | None = None
+        #: Where the verdicts of Pallas kernels' interpreted programs are kept
+        #: (:mod:`conformance.run.interpret_outcomes`), or ``None``.
+        self.interpret_outcome_dir: str | None = None
         #: The compiles for TPU and GPU topologies given up past ``compile_timeout_s``, each in a
         #: thread that may still run: what they were.
         self.abandoned_compiles: list[str] = []

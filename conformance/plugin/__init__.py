@@ -91,6 +91,7 @@ from conformance.plugin.end_of_run import (
     run_log,
 )
 from conformance.reports import results
+from conformance.run import interpret_outcomes
 from conformance.session import (
     TIME_BOUNDS,
     Session,
@@ -175,6 +176,8 @@ def pytest_configure(config: pytest.Config) -> None:
     undo_cache = compilation_cache.use(cache_dir) if cache_dir else lambda: None
     # compiles for TPU and GPU topologies, which JAX's cache cannot hold, are kept beside it
     session.target_compile_dir = compilation_cache.target_compile_dir(cache_dir) if cache_dir else None
+    # and so are the verdicts of the Pallas kernels' interpreted programs
+    session.interpret_outcome_dir = compilation_cache.interpret_outcome_dir(cache_dir) if cache_dir else None
 
     def undo() -> None:
         undo_cache()
@@ -442,6 +445,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if noted is not None and rep.when == "call":
         note("case", noted.case.token)
         note("replay", noted.case.replay_command(noted.check))
+        if getattr(noted, "read_back", False):
+            note(end_of_run.READ_BACK, interpret_outcomes.READ_BACK_NOTE)
     if rep.when == "call" and rep.failed:
         # the check's own failure: the outcome's verdict line, and its case for the failure summary
         failure = end_of_run.conformance_failure(call.excinfo.value if call.excinfo else None)

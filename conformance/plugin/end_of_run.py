@@ -14,7 +14,12 @@ from conformance.fixtures import devices as devices_lib
 from conformance.jobs import distributed
 from conformance.plugin import xdist_workers
 from conformance.reports import bench, failure_summary, provenance, results
+from conformance.run import interpret_outcomes
 from conformance.session import Session
+
+#: The JUnit property of a test whose verdict was read back, not run
+#: (:mod:`conformance.run.interpret_outcomes`).
+READ_BACK = "interpret_outcome"
 
 #: The pytest session's :class:`~conformance.session.Session` (settings, state and run log).
 SESSION = pytest.StashKey[Session]()
@@ -210,6 +215,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         tr.section("stale known-failure lines: they match no collected test")
         for s in log.stale:
             tr.write_line(f"{s['file']}:{s['line']}: {s['pattern']}  ({s['kind']})")
+    read_back = [
+        r
+        for key in ("passed", "failed")
+        for r in tr.stats.get(key, [])
+        if getattr(r, "when", "") == "call" and dict(getattr(r, "user_properties", ())).get(READ_BACK)
+    ]
+    if read_back:
+        tr.write_line(
+            f"conformance: {len(read_back)} checks of Pallas kernels {interpret_outcomes.READ_BACK_NOTE} "
+            "(--compilation-cache=off runs them all)"
+        )
     for line in _missing_backends(config):
         tr.write_line(line, yellow=True, bold=True)
     for path, error in config.stash.get(WRITTEN, {}).items():

@@ -50,6 +50,9 @@ class CheckOutcome:
     failure: checks.ConformanceFailure | None = None
     #: The records the check made for the run's tables.
     records: list[Any] = dataclasses.field(default_factory=list)
+    #: Read back from an earlier run of the same interpreted program
+    #: (:mod:`conformance.run.interpret_outcomes`), not run again.
+    read_back: bool = False
 
     @property
     def skip_reason(self) -> str:
@@ -91,14 +94,19 @@ def resolve(check: Check | str) -> Check:
     raise ValueError(f"unknown check {check!r}; one of {', '.join(checks.CHECKS)}")
 
 
-def run_here(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
-    """Run ``check`` on ``case`` in this process, with ``session`` active; the runner's caches hold
-    one implementation on one mesh at a time (:func:`conformance.runner.release_cases`)."""
+def hold(case: Case | Any, session: session_lib.Session) -> None:
+    """The runner's caches hold one implementation on one mesh at a time: those of another are
+    dropped before ``case``'s (:func:`conformance.runner.release_cases`)."""
     if isinstance(case, Case):  # a send_recv transfer compiles nothing the runner holds
         held = runner.held_for(case)
         if session.held not in (None, held):
             runner.release_cases()
         session.held = held
+
+
+def run_here(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
+    """Run ``check`` on ``case`` in this process, with ``session`` active (:func:`hold`)."""
+    hold(case, session)
     with session.active():
         try:
             try:

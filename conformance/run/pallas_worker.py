@@ -50,7 +50,7 @@ from typing import Any, TextIO
 from conformance import blame, checks, compat, registry
 from conformance import session as session_lib
 from conformance.checks.base import Check
-from conformance.run import outcomes
+from conformance.run import interpret_outcomes, outcomes
 from conformance.run.outcomes import CheckOutcome
 from conformance.runner import Case
 
@@ -69,7 +69,7 @@ def run_in_worker(check: Check, case: Case, session: session_lib.Session) -> Che
     """Run ``check`` on ``case`` in the session's worker process (started, or restarted after a hang
     or crash, as needed); here if the worker cannot import the kernel's module by name."""
     if session.worker is None or session.worker.proc.poll() is not None:
-        session.worker = Worker(session.settings)
+        session.worker = Worker(session.settings, outcome_dir=session.interpret_outcome_dir)
     worker = session.worker
     if case.impl not in worker.registered.get(case.family, ()):
         return outcomes.run_here(check, case, session)  # e.g. a kernel defined in a test file
@@ -79,7 +79,7 @@ def run_in_worker(check: Check, case: Case, session: session_lib.Session) -> Che
 class Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, settings: session_lib.Settings) -> None:
+    def __init__(self, settings: session_lib.Settings, *, outcome_dir: str | None = None) -> None:
         from conformance import specs
 
         modules = sorted({i.module for f in specs.FAMILIES for i in registry.registered(f)})
@@ -96,6 +96,7 @@ class Worker:
             f"--hang-timeout={settings.hang_timeout_s}",
             f"--abort-grace={settings.abort_grace_s}",
             f"--kernels={','.join(modules)}",
+            *([f"--outcome-dir={outcome_dir}"] if outcome_dir else []),
         ]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env
@@ -200,8 +201,9 @@ class Worker:
         verdict, message = answer["outcome"], answer.get("message", "")
         if answer.get("hung"):
             self.proc.wait()  # it ended itself; the next check starts a fresh worker
+        kept = bool(answer.get("read_back"))
         if verdict in ("passed", "skipped", "not_judged"):
-            return CheckOutcome(name, case, verdict, message, records=records)
+            return CheckOutcome(name, case, verdict, message, records=records, read_back=kept)
         if verdict == "failed":
             failure = checks.ConformanceFailure(message)
             if answer.get("token"):
@@ -212,7 +214,7 @@ class Worker:
                 failure.why = answer.get("why")
             if answer.get("hung"):
                 session.hung[key] = session_lib.Hang(answer["what"], case.token, test=session.current_test())
-            return CheckOutcome(name, case, "failed", message, failure.what, failure, records)
+            return CheckOutcome(name, case, "failed", message, failure.what, failure, records, kept)
         raise RuntimeError(f"the conformance worker raised while running {name} on {case.token}:\n{message}")
 
 
@@ -249,7 +251,7 @@ def _failure_message(failure: checks.ConformanceFailure) -> dict[str, Any]:
     return message
 
 
-def _serve(out: TextIO, settings: session_lib.Settings) -> None:
+def _serve(out: TextIO, settings: session_lib.Settings, store: interpret_outcomes.Store | None) -> None:
     current: dict[str, str] = {}
 
     def unstoppable(case: Case, stacks: list) -> None:
@@ -280,7 +282,14 @@ def _serve(out: TextIO, settings: session_lib.Settings) -> None:
             case = Case.from_token(
                 request["family"], request["impl"], request["token"], platform=request["platform"]
             )
-            outcome = outcomes.run_here(outcomes.resolve(request["check"]), case, session)
+            check = outcomes.resolve(request["check"])
+            outcomes.hold(case, session)
+            key = interpret_outcomes.key_of(check.name, case, settings) if store is not None else None
+            kept = store.read(key) if store is not None and key is not None else None
+            if kept is not None:  # an earlier run of this very program said it
+                _send(out, {**kept, "read_back": True})
+                continue
+            outcome = outcomes.run_here(check, case, session)
         except Exception as error:  # a fault of the suite, not a verdict: the parent raises it
             import traceback
 
@@ -294,6 +303,8 @@ def _serve(out: TextIO, settings: session_lib.Settings) -> None:
         else:
             answer = {"outcome": outcome.verdict, "message": outcome.message}
         answer["records"] = [outcomes.record_to_json(r) for r in outcome.records]
+        if store is not None and key is not None:
+            store.write(key, answer)
         _send(out, answer)
 
 
@@ -307,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hang-timeout", type=float, required=True)
     parser.add_argument("--abort-grace", type=float, required=True)
     parser.add_argument("--kernels", default="")
+    parser.add_argument("--outcome-dir", default="", help="where verdicts of interpreted programs are kept")
     args = parser.parse_args(argv)
     # The protocol owns the real stdout; anything else printed goes to stderr.
     out = os.fdopen(os.dup(1), "w")
@@ -324,7 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     from conformance import specs
 
     _send(out, {"registered": {f: sorted(registry.implementations(f)) for f in specs.FAMILIES}})
-    _serve(out, session_lib.Settings(hang_timeout_s=args.hang_timeout, abort_grace_s=args.abort_grace))
+    store = interpret_outcomes.Store(args.outcome_dir) if args.outcome_dir else None
+    _serve(out, session_lib.Settings(hang_timeout_s=args.hang_timeout, abort_grace_s=args.abort_grace), store)
     # The parent closed the protocol and nothing here outlives it (compiles are in the persistent cache
     # as they are made): leave without Python's and JAX's teardown of every executable, array and
     # cache the run built, which at the end of `tox -e cpu` held the parent waiting 1.2 s of CPU.

@@ -9,7 +9,8 @@ in ``DIR``; ``--compilation-cache=off`` (or a run without pytest's cache provide
 leaves JAX's settings alone, as does a cache directory the user set
 (``JAX_COMPILATION_CACHE_DIR``). What it holds: the compiles for the host's devices of the
 kernels and their VJPs, which the checks share. Not in it: the Pallas kernels' interpret-mode
-runs (they run in the worker process of :mod:`conformance.run.pallas_worker`, which has no cache; with
+runs (they run in the worker process of :mod:`conformance.run.pallas_worker`, whose verdicts of each
+interpreted program are kept in a folder beside it instead, :func:`interpret_outcome_dir`; with
 ``--isolation=off`` the plugin leaves the cache off), and the compiles for TPU and GPU
 topologies (:func:`bypassed`), whose executables cannot be read back: what the checks read of those
 is kept in a folder beside it instead (:func:`target_compile_dir`,
@@ -67,6 +68,12 @@ def target_compile_dir(path: str) -> str:
     """Where the compiles for TPU and GPU topologies of a run with its cache in ``path`` are kept
     (:mod:`conformance.targets.target_compiles`): a folder of it."""
     return str(Path(path) / "target-compiles")
+
+
+def interpret_outcome_dir(path: str) -> str:
+    """Where the verdicts of the Pallas kernels' interpreted programs of a run with its cache in
+    ``path`` are kept (:mod:`conformance.run.interpret_outcomes`): a folder of it."""
+    return str(Path(path) / "interpret-outcomes")
 
 
 def use(path: str) -> Callable[[], None]:
