@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from conformance import compat, dtypes, runner, tolerances, watchdog
+from conformance import compat, dtypes, runner, shared_runs, tolerances, watchdog
 from conformance.blame import error_locations, error_text
 from conformance.checks import block_map
 from conformance.checks.baseline_case import baseline_of, on_the_baseline
@@ -279,9 +279,10 @@ def compile_timeout_failure(
 
 
 def run_case(case: Case, check: str, *, cached: bool = True) -> tuple[tuple[np.ndarray, ...], jax.Array]:
-    """``case`` run (:func:`call_kernel`); its result must be one ``jax.Array``."""
+    """``case`` run (:func:`call_kernel`), in the run the checks of the case share
+    (:func:`conformance.shared_runs.shared_run`) where ``cached``; its result must be one ``jax.Array``."""
     inputs64, out = call_kernel(
-        case, check, lambda: (runner.execute_cached if cached else runner.execute)(case)
+        case, check, lambda: (shared_runs.shared_run if cached else runner.execute)(case)
     )
     require_array(case, check, out)
     return inputs64, out

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance import checks, compat, runner
+from conformance import checks, compat, runner, shared_runs
 from conformance import session as session_lib
 from conformance.checks.base import Check, compile_timeout_failure
 from conformance.reports import bench
@@ -101,6 +101,7 @@ def hold(case: Case | Any, session: session_lib.Session) -> None:
         held = runner.held_for(case)
         if session.held not in (None, held):
             runner.release_cases()
+            shared_runs.release()
         session.held = held
 
 
