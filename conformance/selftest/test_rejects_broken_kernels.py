@@ -259,68 +259,92 @@ def builtin_verdicts_of_earlier_runs(reports: list[Path]) -> tuple[Verdicts | No
     return merged, ", ".join(str(r) for r in reports)
 
 
+def _pallas_kernels() -> set[str]:
+    """The registered Pallas kernels (the sweep's half that TPU interpret mode runs)."""
+    from conformance import registry, specs
+
+    return {i.name for family in specs.FAMILIES for i in registry.registered(family) if i.pallas}
+
+
+def sweep_selections(*, builtins: bool) -> list[str]:
+    """The ``-k`` expressions of the sweep's runs: each broken kernel only the check meant for it, each
+    correct kernel of another style the checks it must pass (and the built-ins every check, where
+    ``builtins``), in two halves run side by side: the Pallas kernels and the rest. Each kernel's tests
+    stay in one run, so a hang is waited out once and its later checks are not judged."""
+    clauses: list[tuple[str, str]] = [
+        (impl, f"({impl} and {test}{f' and {EXPECTED_ON[impl]}' if impl in EXPECTED_ON else ''})")
+        for impl, test in EXPECTED_REJECTION.items()
+    ]
+    clauses.append(
+        (ODD_ROWS, f"({ODD_ROWS} and test_output_sharding)")
+    )  # both shapes: the summary's grouping
+    passing = {**EXPECTED_PASS, **broken_overlap_kernels.EXPECTED_PASS}  # overlap defects pass the rest
+    clauses += [(impl, f"({impl} and ({' or '.join(sorted(tests))}))") for impl, tests in passing.items()]
+    pallas = _pallas_kernels()
+    selections = []
+    for half, builtin_side in ((False, "not pallas_"), (True, "pallas_")):
+        chosen = " or ".join(clause for impl, clause in clauses if (impl in pallas) == half)
+        selected = f"({chosen}) and ({KERNEL_SUBSET})"
+        if builtins:
+            selected = f"not (broken_ or correct_) and {builtin_side} and ({BUILTIN_SUBSET}) or {selected}"
+        selections.append(selected)
+    return selections
+
+
 @functools.cache
 def suite_run(tmp_dir: str) -> tuple[Verdicts, str]:
-    """{impl: {test: [(outcome, message), ...]}} from one run of the conformance suite, and its output
-    (the built-ins' from the earlier runs :data:`BUILTIN_VERDICTS` names, where they hold)."""
-    report = Path(tmp_dir) / "conformance.xml"
-    # Built-ins run every check; each broken kernel only the check meant for it; each correct kernel
-    # of another style the checks it must pass.
-    targeted = " or ".join(
-        f"({impl} and {test}{f' and {EXPECTED_ON[impl]}' if impl in EXPECTED_ON else ''})"
-        for impl, test in EXPECTED_REJECTION.items()
-    )
-    targeted += f" or ({ODD_ROWS} and test_output_sharding)"  # at both fixed shapes: the summary's grouping
-    targeted += "".join(
-        f" or ({impl} and ({' or '.join(sorted(tests))}))" for impl, tests in EXPECTED_PASS.items()
-    )
-    targeted += "".join(  # the overlap defects pass every other check
-        f" or ({impl} and ({' or '.join(sorted(tests))}))"
-        for impl, tests in broken_overlap_kernels.EXPECTED_PASS.items()
-    )
-    selected = f"({targeted}) and ({KERNEL_SUBSET})"
+    """{impl: {test: [(outcome, message), ...]}} from the sweep's runs of the conformance suite, and
+    their output (the built-ins' from the earlier runs :data:`BUILTIN_VERDICTS` names, where they hold).
+    Its two halves run at once, as two processes (one, in a job of :data:`LAUNCH`): the self-tests'
+    other worker runs the rest beside them."""
     earlier, _ = builtin_verdicts_of_earlier_runs(BUILTIN_VERDICTS) if SCOPE == "full" else (None, "")
-    if SCOPE == "full" and earlier is None:
-        selected = f"not (broken_ or correct_) and ({BUILTIN_SUBSET}) or {selected}"
-    cmd = suite_command(
-        "-k",
-        selected,
-        f"--kernels={KERNEL_MODULES}",
-        f"--hang-timeout={HANG_TIMEOUT_S}",
-        f"--junitxml={report}",
-    )
-    if LAUNCH:  # the same run as one job of P processes x K devices; each rank its own JUnit file
-        processes, devices = LAUNCH.split("x")
-        junit = f"--junitxml={shlex.quote(str(report))}.rank-$CONFORMANCE_PROCESS_ID"
-        script = f"exec {shlex.join(cmd[:-1])} {junit}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "conformance",
-            "launch",
-            "--processes",
-            processes,
-            "--devices-per-process",
-            devices,
-            "--timeout",
-            "3000",
-            "--log-dir",
-            f"{tmp_dir}/logs",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ]
-        report = Path(f"{report}.rank-0")
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-    assert proc.returncode == 1, (
-        f"the run with broken kernels must exit 1 (tests failed), got {proc.returncode}:\n"
-        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    )
-    verdicts = verdicts_of(report)
+    selections = sweep_selections(builtins=SCOPE == "full" and earlier is None)
+    if LAUNCH:
+        selections = [" or ".join(f"({s})" for s in selections)]
+    runs = []
+    for number, selected in enumerate(selections):
+        report = Path(tmp_dir) / f"conformance-{number}.xml"
+        cmd = suite_command(
+            "-k",
+            selected,
+            f"--kernels={KERNEL_MODULES}",
+            f"--hang-timeout={HANG_TIMEOUT_S}",
+            f"--junitxml={report}",
+        )
+        if LAUNCH:  # the same run as one job of P processes x K devices; each rank its own JUnit file
+            processes, devices = LAUNCH.split("x")
+            junit = f"--junitxml={shlex.quote(str(report))}.rank-$CONFORMANCE_PROCESS_ID"
+            script = f"exec {shlex.join(cmd[:-1])} {junit}"
+            cmd = [
+                *(sys.executable, "-m", "conformance", "launch", "--processes", processes),
+                *("--devices-per-process", devices, "--timeout", "3000", "--log-dir", f"{tmp_dir}/logs"),
+                *("--", "sh", "-c", script),
+            ]
+            report = Path(f"{report}.rank-0")
+        out = open(Path(tmp_dir) / f"stdout-{number}.txt", "w+")  # noqa: SIM115 (read after the wait)
+        err = open(Path(tmp_dir) / f"stderr-{number}.txt", "w+")  # noqa: SIM115
+        runs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True), out, err, report))
+    verdicts: Verdicts = defaultdict(lambda: defaultdict(list))
+    output = []
+    for proc, out, err, report in runs:
+        proc.wait(timeout=3600)
+        texts = []
+        for stream in (out, err):
+            stream.seek(0)
+            texts.append(stream.read())
+            stream.close()
+        stdout, stderr = texts
+        assert proc.returncode == 1, (
+            f"a run with broken kernels must exit 1 (tests failed), got {proc.returncode}:\n"
+            f"{stdout[-3000:]}\n{stderr[-3000:]}"
+        )
+        for impl, tests in verdicts_of(report).items():
+            for test, outcomes in tests.items():
+                verdicts[impl][test].extend(outcomes)
+        output.append(stdout)
     if earlier is not None:
         verdicts.update(earlier)
-    return verdicts, proc.stdout
+    return verdicts, "\n".join(output)
 
 
 @pytest.fixture(scope="module")
