@@ -12,6 +12,7 @@ where the family's result does. Its sum is the other checks' business.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import numpy as np
@@ -31,12 +32,16 @@ class ReductionRecord:
     reduction: str
 
 
-def _run(case: Case, reduction: str, inputs: tuple[np.ndarray, ...]) -> jax.Array:
+def reduction_program(case: Case, reduction: str) -> Any:
+    """``case``'s kernel called with ``reduction=``, jitted: the program this check runs."""
     kernel = runner.bound(
         case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name, case.dma_mode, dtype=case.dtype
     )
-    jitted = jax.jit(lambda *operands: kernel(*operands, reduction=reduction))
-    return watchdog.run_guarded(case, jitted, runner.place(case, inputs))
+    return jax.jit(lambda *operands: kernel(*operands, reduction=reduction))
+
+
+def _run(case: Case, reduction: str, inputs: tuple[np.ndarray, ...]) -> jax.Array:
+    return watchdog.run_guarded(case, reduction_program(case, reduction), runner.place(case, inputs))
 
 
 def check_other_reductions(case: Case) -> list[ReductionRecord]:

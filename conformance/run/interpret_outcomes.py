@@ -9,7 +9,8 @@ everything the verdict is a function of:
 
 * the check and the case (its token: mesh, dims, dtype, seed, DMA mode; and the platform);
 * the program the check runs, as traced at the case's operands: the jaxpr of the kernel's forward
-  pass (and, for the checks of the backward, of its VJP), with the bytes of its constants. It holds
+  pass (and, for the checks of the backward, of its VJP; for the other reductions, of each call with
+  ``reduction=``), with the bytes of its constants. It holds
   the kernel's own code, what it closes over that reaches the program, and the interpret parameters,
   so that any edit of the kernel that changes what runs changes the key;
 * the suite's own source and the jax, jaxlib, libtpu and hypothesis versions
@@ -18,8 +19,8 @@ everything the verdict is a function of:
 
 Kept: a pass or a failure as the worker sends it (JSON, never unpickled). Never kept: a skip, a
 host's limit, a hang or a timeout, which say something of the host and not of the program. A check
-that runs another program than the case's (bad inputs at an indivisible shape, another reduction)
-is not kept, nor a check whose program does not trace. ``--compilation-cache=off`` keeps nothing.
+that runs another program than these (bad inputs at an indivisible shape, the eager path) is not
+kept, nor a check whose program does not trace. ``--compilation-cache=off`` keeps nothing.
 
 The limit: a kernel whose result varies between runs of one program (a race the detector misses)
 keeps the verdict of its first run until its code changes; CI's runs start from an empty folder.
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from conformance import runner
+from conformance.checks import reductions
 from conformance.reports import provenance
 from conformance.runner import Case
 from conformance.session import Settings
@@ -53,6 +55,7 @@ KEPT_CHECKS = {
     "accuracy": "forward",
     "gradients": "backward",
     "backward_accuracy": "backward",
+    "other_reductions": "reductions",
 }
 #: The verdicts kept.
 KEPT_VERDICTS = ("passed", "failed")
@@ -86,6 +89,10 @@ def key_of(check: str, case: Case, settings: Settings) -> str | None:
         if program == "backward":
             pullback = runner.jitted_pullback(case)
             texts.append(_program_text(pullback.trace(*runner.abstract_pullback_args(case))))
+        if program == "reductions":  # each reduction the kernel declares is a program of its own
+            for reduction in case.implementation.other_reductions:
+                jitted = reductions.reduction_program(case, reduction)
+                texts.append(_program_text(jitted.trace(*runner.abstract_args(case))))
     except Exception:  # the check itself traces it again and gives the verdict on whatever it raised
         return None
     digest = hashlib.sha256()
