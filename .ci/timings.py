@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tables", action="store_true", help="each env's tables by family, check, implementation"
     )
+    parser.add_argument(
+        "--by", default="family,check,implementation,mesh", help="the tables' keys, comma-separated"
+    )
     parser.add_argument("--top", type=int, default=12, help="rows of each table (the rest summed in one)")
     args = parser.parse_args(argv)
 
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"\n### {env}: {len(rows)} tests, {sum(float(r['seconds']) for r in rows):.0f} s of test time"
             )
-            for key in ("family", "check", "implementation", "mesh"):
+            for key in args.by.split(","):
                 print()
                 print("\n".join(_table(rows, key, args.top)))
     if by_env:  # the JUnit files' tests in all, as one closing line
