@@ -42,6 +42,7 @@ from conformance.checks import reductions
 from conformance.reports import provenance
 from conformance.runner import Case
 from conformance.session import Settings
+from conformance.targets import target_compiles
 
 #: The checks whose verdict is kept, and the program each runs: the forward pass, or its VJP too.
 KEPT_CHECKS = {
@@ -63,8 +64,6 @@ KEPT_VERDICTS = ("passed", "failed")
 FORMAT = 1
 #: What a verdict read back is, in the test's JUnit properties and the run's closing lines.
 READ_BACK_NOTE = "read back from an earlier run of the same interpreted program"
-#: The environment variables XLA and libtpu read flags from.
-FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 
 
 def _program_text(traced: Any) -> bytes:
@@ -102,7 +101,7 @@ def key_of(check: str, case: Case, settings: Settings) -> str | None:
         f"check={check} platform={case.platform} family={case.family} impl={case.impl}",
         f"case={case.token}",
         f"options={settings.verdict_options()}",
-        *(f"{name}={os.environ.get(name, '')}" for name in FLAG_VARIABLES),
+        *(f"{name}={os.environ.get(name, '')}" for name in target_compiles.FLAG_VARIABLES),
     ):
         digest.update(part.encode() + b"\n")
     for text in texts:
