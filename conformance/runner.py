@@ -382,9 +382,19 @@ def typed_out_spec(case: Case) -> Any:
     return getattr(getattr(leaves[0], "sharding", None), "spec", None) if leaves else None
 
 
-def compiled(case: Case, *, detect_races: bool = False) -> Any:
-    """The compiled executable for ``case``'s shapes (cached; the seed does not matter)."""
-    return _compiled(_compile_key(case), detect_races)
+def interpreted(case: Case) -> bool:
+    """Whether ``case`` runs in TPU interpret mode: a Pallas kernel on the CPU host, in a DMA mode."""
+    return case.platform == "cpu" and case.implementation.pallas and case.dma_mode is not None
+
+
+def compiled(case: Case, *, detect_races: bool | None = None) -> Any:
+    """The compiled executable for ``case``'s shapes (cached; the seed does not matter).
+
+    ``detect_races``: by default on for a case in interpret mode (:func:`interpreted`), so that every
+    check of the case reads one executable, the one its shared run uses
+    (:mod:`conformance.shared_runs`): race detection changes no value, and a compile of an
+    interpreted kernel (1-3 s) costs more than its run."""
+    return _compiled(_compile_key(case), interpreted(case) if detect_races is None else detect_races)
 
 
 @functools.cache
@@ -497,9 +507,10 @@ def lowered_pullback_for(case: Case, target: str) -> Any:
 
 
 def execute(
-    case: Case, *, detect_races: bool = False, inputs: tuple[np.ndarray, ...] | None = None
+    case: Case, *, detect_races: bool | None = None, inputs: tuple[np.ndarray, ...] | None = None
 ) -> tuple[tuple[np.ndarray, ...], jax.Array]:
-    """Run ``case`` once on fresh inputs (or on ``inputs``); returns (float64 inputs, output)."""
+    """Run ``case`` once on fresh inputs (or on ``inputs``), in the executable of :func:`compiled`;
+    returns (float64 inputs, output)."""
     inputs = make_inputs(case) if inputs is None else inputs
     out = watchdog.run_guarded(case, compiled(case, detect_races=detect_races), place(case, inputs))
     return tuple(a.astype(np.float64) for a in inputs), out

@@ -40,7 +40,7 @@ class WatchedRun:
 
 def watched(case: Case) -> bool:
     """Whether ``case``'s shared run is a :class:`WatchedRun`: a Pallas kernel in interpret mode."""
-    return case.platform == "cpu" and case.implementation.pallas and case.dma_mode is not None
+    return runner.interpreted(case)
 
 
 @functools.cache

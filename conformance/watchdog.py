@@ -123,8 +123,9 @@ def run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
     timer.daemon = True
     timer.start()
     try:
-        out = fn(*args)
-        jax.block_until_ready(out)
+        with compat.interpreter_callbacks_on_host():
+            out = fn(*args)
+            jax.block_until_ready(out)
     except Exception:
         if not fired.is_set():
             compat.reset_interpret_state(after_failure=True)  # else later kernels inherit the failure
