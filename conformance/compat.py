@@ -16,7 +16,6 @@ import io
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -428,65 +427,6 @@ def note_interpreted_copies() -> Iterator[list[tuple[int, int, tuple[int, ...], 
         yield copies
     finally:
         module.DMA = original
-
-
-_host_callbacks_lock = threading.Lock()
-
-
-def _interpreter_function(callback: Any) -> bool:
-    """Whether a compiled ``io_callback``'s function is one of TPU interpret mode's own (its memory,
-    DMA and semaphore operations), seen through ``functools.partial`` and ``functools.wraps``."""
-    fn = getattr(callback, "callback_func", None)
-    while fn is not None:
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif hasattr(fn, "__wrapped__"):
-            fn = fn.__wrapped__
-        else:
-            break
-    return getattr(fn, "__module__", "").startswith("jax._src.pallas.mosaic.interpret")
-
-
-@contextlib.contextmanager
-def interpreter_callbacks_on_host() -> Iterator[None]:
-    """Within the block, TPU interpret mode's own callbacks take their operands as the host arrays
-    XLA hands them, not first copied onto a JAX CPU device.
-
-    Interpret mode runs every load, store, DMA and semaphore operation of a kernel as an
-    ``io_callback`` on each simulated device. For each call, JAX's ``io_callback_impl`` (0.6.2 to
-    0.12 alike) ``device_put``s every operand (numpy arrays from XLA) onto the CPU device, and the
-    interpreter then reads each back with ``int()`` or ``np.array()``: about 1.4 ms a call here,
-    most of a kernel's run (2472 calls, 3.5 s for the HBM reduce-scatter on 8 devices). Its own
-    functions take the numpy arrays as they are (the same values, read the same way), and the run
-    takes 0.6 s with the same result bit for bit. Any other callback, a kernel author's own
-    ``io_callback`` included, still goes through JAX's path. The functions are JAX's interpreter,
-    unchanged; only the copy around them is skipped."""
-    from jax._src import callback as callback_module
-
-    with _host_callbacks_lock:  # the count of blocks inside lives on the replacement itself
-        on_host = callback_module.io_callback_impl
-        if not hasattr(on_host, "blocks_inside"):
-            original = on_host
-
-            def on_host(*args: Any, callback: Any, **params: Any) -> Any:
-                if not _interpreter_function(callback):
-                    return original(*args, callback=callback, **params)
-                try:
-                    return jax.tree_util.tree_map(np.asarray, callback(*args))
-                except BaseException:  # as JAX's own path logs it
-                    logging.getLogger(callback_module.__name__).exception("jax.io_callback failed")
-                    raise
-
-            on_host.original, on_host.blocks_inside = original, 0  # type: ignore[attr-defined]
-            callback_module.io_callback_impl = on_host
-        on_host.blocks_inside += 1  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        with _host_callbacks_lock:
-            on_host.blocks_inside -= 1  # type: ignore[attr-defined]
-            if on_host.blocks_inside == 0:  # type: ignore[attr-defined]
-                callback_module.io_callback_impl = on_host.original  # type: ignore[attr-defined]
 
 
 def reset_interpret_state(*, after_failure: bool = False) -> None:

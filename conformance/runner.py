@@ -390,10 +390,9 @@ def interpreted(case: Case) -> bool:
 def compiled(case: Case, *, detect_races: bool | None = None) -> Any:
     """The compiled executable for ``case``'s shapes (cached; the seed does not matter).
 
-    ``detect_races``: by default on for a case in interpret mode (:func:`interpreted`), so that every
-    check of the case reads one executable, the one its shared run uses
-    (:mod:`conformance.shared_runs`): race detection changes no value, and a compile of an
-    interpreted kernel (1-3 s) costs more than its run."""
+    ``detect_races``: by default on for a case in interpret mode (:func:`interpreted`): every check of
+    the case reads the one executable its shared run uses (:mod:`conformance.shared_runs`); race
+    detection changes no value, and an interpreted kernel's compile costs more than its run."""
     return _compiled(_compile_key(case), interpreted(case) if detect_races is None else detect_races)
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from conformance import compat
+from conformance import compat, interpreter_callbacks
 from conformance import session as session_lib
 from conformance.blame import stuck_locations
 
@@ -123,7 +123,7 @@ def run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
     timer.daemon = True
     timer.start()
     try:
-        with compat.interpreter_callbacks_on_host():
+        with interpreter_callbacks.on_host():
             out = fn(*args)
             jax.block_until_ready(out)
     except Exception:

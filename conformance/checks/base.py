@@ -174,7 +174,7 @@ class Axes:
     #: even shape, the eager DMA order) does not turn on the mesh's kind, and each is a compile and
     #: a run per mesh.
     variants_on: str = "covering"
-    #: A Pallas TPU kernel's named set instead of :attr:`meshes` (interpreted on CPU at 1-3 s a call).
+    #: A Pallas TPU kernel's named set instead of :attr:`meshes` (interpreted on CPU at 1-3 s a case).
     interpreted_meshes: str | None = None
     #: The shortest ring the check judges: a check of transfers has none to judge on a ring of one,
     #: so its test is not parametrized there.

@@ -215,7 +215,7 @@ CHECKS = (
         "values",
         check_values,
         # a Pallas TPU kernel's on the interpreted meshes (every ring length, every kind of mesh): the
-        # others add axis types and 2-D orientations its remote DMAs do not meet, at 1-3 s a call
+        # others add axis types and 2-D orientations its remote DMAs do not meet, at 1-3 s a case
         axes=Axes(case="drawn", interpreted_meshes="interpreted"),
         doc="Values and dtype on every shard against numpy float64, on every mesh (a Pallas TPU kernel: "
         "every ring length and kind of mesh); drawn dims, dtypes, seeds.",

@@ -1,5 +1,5 @@
 """TPU interpret mode's own callbacks take XLA's host arrays as they are
-(:func:`conformance.compat.interpreter_callbacks_on_host`): a kernel's run gives the same result bit
+(:func:`conformance.interpreter_callbacks.on_host`): a kernel's run gives the same result bit
 for bit, and every other callback (a kernel author's own ``io_callback``) still gets what JAX's path
 gives it. Run on each env's JAX, so a JAX whose interpreter reads its operands another way fails here,
 not in a kernel's verdict."""
@@ -14,7 +14,7 @@ from jax._src import callback as callback_module
 from jax.experimental import io_callback
 
 import conformance.kernels  # noqa: F401  (registers the built-ins)
-from conformance import compat, runner
+from conformance import compat, interpreter_callbacks, runner
 from conformance.fixtures.meshes import parse_mesh
 from conformance.runner import Case
 
@@ -23,10 +23,10 @@ pytestmark = pytest.mark.selftest
 
 def test_the_block_replaces_jaxs_callback_path_and_puts_it_back_once_every_block_has_left() -> None:
     original = callback_module.io_callback_impl
-    with compat.interpreter_callbacks_on_host():
+    with interpreter_callbacks.on_host():
         inside = callback_module.io_callback_impl
         assert inside is not original
-        with compat.interpreter_callbacks_on_host():
+        with interpreter_callbacks.on_host():
             assert callback_module.io_callback_impl is inside
         assert callback_module.io_callback_impl is inside  # the outer block is still inside
     assert callback_module.io_callback_impl is original
@@ -40,7 +40,7 @@ def test_an_authors_own_callback_still_gets_jax_arrays() -> None:
         return np.asarray(x) + 1
 
     fn = jax.jit(lambda x: io_callback(note, jax.ShapeDtypeStruct((3,), jnp.float32), x))
-    with compat.interpreter_callbacks_on_host():
+    with interpreter_callbacks.on_host():
         out = fn(jnp.zeros(3, jnp.float32))
     np.testing.assert_array_equal(np.asarray(out), np.ones(3))
     assert seen and all(issubclass(t, jax.Array) for t in seen), seen
@@ -61,7 +61,7 @@ def test_an_interpreted_ring_gives_the_same_result_bit_for_bit_and_its_races_fla
     by_jax = np.asarray(jax.block_until_ready(executable(*placed)))
     raced_by_jax = compat.races_found()
     compat.reset_interpret_state()
-    with compat.interpreter_callbacks_on_host():
+    with interpreter_callbacks.on_host():
         on_host = np.asarray(jax.block_until_ready(executable(*placed)))
     assert on_host.tobytes() == by_jax.tobytes()
     assert not raced_by_jax
