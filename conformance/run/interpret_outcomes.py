@@ -7,7 +7,8 @@ Pallas kernel took as long as the first. The worker process (:mod:`conformance.r
 keeps each verdict of the checks below in a folder beside the compilation cache, under a key of
 everything the verdict is a function of:
 
-* the check and the case (its token: mesh, dims, dtype, seed, DMA mode; and the platform);
+* the check and the case (its token: mesh, dims, dtype, seed, DMA mode; and the platform), and what
+  the kernel's registration declares beside its code (its targets, dtypes, gradients);
 * the program the check runs, as traced at the case's operands: the jaxpr of the kernel's forward
   pass (and, for the checks of the backward, of its VJP; for the other reductions, of each call with
   ``reduction=``), with the bytes of its constants. It holds
@@ -28,6 +29,7 @@ keeps the verdict of its first run until its code changes; CI's runs start from 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -57,6 +59,11 @@ KEPT_CHECKS = {
     "gradients": "backward",
     "backward_accuracy": "backward",
     "other_reductions": "reductions",
+    # what reads the modules of the same programs: the CPU compile of the interpreted program (its
+    # lowering and compile cost more than its run) and the lowerings for the kernel's targets
+    "collectives": "forward",
+    "cross_lowering": "forward",
+    "backward_collectives": "backward",
 }
 #: The verdicts kept.
 KEPT_VERDICTS = ("passed", "failed")
@@ -75,6 +82,25 @@ def _program_text(traced: Any) -> bytes:
         except (TypeError, ValueError):  # an opaque constant: its text stands for it
             parts.append(repr(const).encode())
     return b"\n".join(parts)
+
+
+def _declaration(case: Case) -> str:
+    """What the kernel's registration declares beside its code (targets, dtypes, gradients, the
+    direction of its ring...): a verdict turns on it, and it is in no traced program."""
+    implementation = case.implementation
+
+    def plain(value: Any) -> bool:  # no object whose text names its address, no code (the jaxpr's)
+        if isinstance(value, (tuple, list)):
+            return all(map(plain, value))
+        return value is None or isinstance(value, (str, int, float, bool))
+
+    return repr(
+        [
+            (field.name, value)
+            for field in dataclasses.fields(implementation)
+            if plain(value := getattr(implementation, field.name))
+        ]
+    )
 
 
 def key_of(check: str, case: Case, settings: Settings) -> str | None:
@@ -100,6 +126,7 @@ def key_of(check: str, case: Case, settings: Settings) -> str | None:
         f"suite={provenance.source_digest()}",
         f"check={check} platform={case.platform} family={case.family} impl={case.impl}",
         f"case={case.token}",
+        f"declared={_declaration(case)}",
         f"options={settings.verdict_options()}",
         *(f"{name}={os.environ.get(name, '')}" for name in target_compiles.FLAG_VARIABLES),
     ):

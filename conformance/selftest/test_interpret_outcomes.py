@@ -77,3 +77,30 @@ def test_an_unchanged_kernel_is_read_back_and_an_edited_one_judged_again(tmp_pat
     assert code == 1 and "2 failed" in out and "first wrong index" in out, out[-3000:]
     assert f"2 checks of Pallas kernels {interpret_outcomes.READ_BACK_NOTE}" in out, out[-3000:]
     assert set(cache.rglob("*.json")) == kept | judged, "nothing was judged again"
+
+
+def test_what_a_registration_declares_beside_its_code_is_in_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel whose code is unchanged but whose declaration is (its lowering targets here) is judged
+    again: the collectives and cross-lowering checks read the modules of its declared targets."""
+    import dataclasses
+
+    import conformance.kernels  # noqa: F401  (registers the built-ins)
+    from conformance import registry, runner
+    from conformance.fixtures.meshes import parse_mesh
+    from conformance.session import Settings
+
+    case = runner.Case.make(
+        "all_reduce",
+        "pallas_ring_all_reduce_bidirectional",
+        parse_mesh("2-x-auto"),
+        {"rows_per_shard": 1, "cols": 8},
+        "float32",
+        dma_mode="on_wait",
+    )
+    settings = Settings()
+    before = interpret_outcomes.key_of("cross_lowering", case, settings)
+    assert before is not None and before == interpret_outcomes.key_of("cross_lowering", case, settings)
+    declared = registry.get(case.family, case.impl)
+    other = dataclasses.replace(declared, lowering_targets=("tpu", "cuda"))
+    monkeypatch.setattr(registry, "get", lambda family, name: other)
+    assert interpret_outcomes.key_of("cross_lowering", case, settings) not in (None, before)
