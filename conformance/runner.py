@@ -372,16 +372,6 @@ def _compiled(key: Case, detect_races: bool) -> Any:
     return compile_lowered(lowered, key.platform)
 
 
-def typed_out_spec(case: Case) -> Any:
-    """The ``PartitionSpec`` of the result's type as the kernel's traced program declares it (``jax.typeof``
-    of the result, on an Explicit mesh), or ``None`` where it has none. Read off ``jax.eval_shape`` of
-    the jitted kernel, which reuses its compile's trace: a result's own ``.sharding`` is XLA's placement,
-    which JAX 0.6.2 gives as ``P('x')`` for a replicated result on a size-1 axis."""
-    out = jax.eval_shape(jitted_for(case), *abstract_args(case))
-    leaves = jax.tree_util.tree_leaves(out)
-    return getattr(getattr(leaves[0], "sharding", None), "spec", None) if leaves else None
-
-
 def interpreted(case: Case) -> bool:
     """Whether ``case`` runs in TPU interpret mode: a Pallas kernel on the CPU host, in a DMA mode."""
     return case.platform == "cpu" and case.implementation.pallas and case.dma_mode is not None

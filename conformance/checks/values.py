@@ -3,6 +3,8 @@ result against the numpy float64 reference, within the dtype's tolerance (exact 
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -115,6 +117,16 @@ def _spec_entries(spec: object, ndim: int) -> tuple:
     return tuple(entries + [None] * (ndim - len(entries)))
 
 
+def typed_out_spec(case: Case) -> Any:
+    """The ``PartitionSpec`` of the result's type as the kernel's traced program declares it (``jax.typeof``
+    of the result, on an Explicit mesh), or ``None`` where it has none. Read off ``jax.eval_shape`` of
+    the jitted kernel, which reuses its compile's trace: a result's own ``.sharding`` is XLA's placement,
+    which JAX 0.6.2 gives as ``P('x')`` for a replicated result on a size-1 axis."""
+    out = jax.eval_shape(runner.jitted_for(case), *runner.abstract_args(case))
+    leaves = jax.tree_util.tree_leaves(out)
+    return getattr(getattr(leaves[0], "sharding", None), "spec", None) if leaves else None
+
+
 def _typed_spec_mismatch(case: Case, expected: jax.sharding.NamedSharding, ndim: int) -> list[str]:
     """On an Explicit mesh a result's sharding is part of its type (``jax.typeof(out)``, what the
     kernel's traced program declares): what every later op and ``jax.vjp``'s cotangent are held to.
@@ -122,7 +134,7 @@ def _typed_spec_mismatch(case: Case, expected: jax.sharding.NamedSharding, ndim:
     a ring of one) are equivalent as placements and different types. The lines saying so, or none."""
     if case.mesh.axis_type != "explicit":
         return []
-    got = runner.typed_out_spec(case)
+    got = typed_out_spec(case)
     if got is None or _spec_entries(got, ndim) == _spec_entries(expected.spec, ndim):
         return []
     size_one = [n for n, s in zip(case.mesh.axis_names, case.mesh.shape, strict=True) if s == 1]
