@@ -3,7 +3,8 @@
 The fixed-shape checks of one case (values' and output sharding's reading of the result,
 determinism's first call, the dtype check at the case's own dtype) share one run
 (:func:`shared_run`). A Pallas kernel's run in TPU interpret mode is the costly one (every DMA, load
-and store a host callback on every simulated device, 1-3 s a call), and the races check runs the
+and store a host callback on every simulated device, 1-3 s a case on 8 devices, its compile most
+of it), and the races check runs the
 same case again with race detection: so a Pallas kernel's shared run *is* that run, with race
 detection on and the interpreter's end of each ``pallas_call`` and its race reports noted
 (:func:`watched_run`), and the races check reads it (:func:`conformance.checks.pallas.check_races`).
