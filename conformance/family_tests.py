@@ -29,7 +29,6 @@ from conformance.checks import autodiff, gpu_compile, tpu_memory, tpu_pod, tpu_s
 from conformance.checks.base import Axes, Check
 from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
 from conformance.run import run_check
-from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.session import Session
 
@@ -321,13 +320,14 @@ def claimed_tpu_cases(
 
 
 def run_gathered(check: Check, cases: list[Case], session: Session, *, what: str) -> None:
-    """One test's verdict over several cases of one check, each run here (they compile for a TPU
-    topology; nothing runs) and logged: the failures together (the first three in full), else a skip
-    for the cases this host could not try, else a skip for a check with nothing to judge."""
+    """One test's verdict over several cases of one check (each compiles for a TPU or GPU topology;
+    nothing runs), each run where :func:`conformance.run.run_check` puts it (the worker process, where a
+    compile past its bound ends with it) and logged: the failures together (the first three in full),
+    else a skip for the cases this host could not try, else a skip for a check with nothing to judge."""
     failures: list[checks.ConformanceFailure] = []
     limited, not_judged = [], []
     for case in cases:
-        outcome = run_here(check, case, session)
+        outcome = run_check(check, case, session)
         if session.log is not None:
             session.log.add(outcome)
         if outcome.verdict == "failed":

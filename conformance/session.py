@@ -3,7 +3,7 @@
 :class:`Settings` are the bounds a user sets (``--hang-timeout``, ``--check-timeout``,
 ``--isolation``). A :class:`Session` is one run's state: its settings, the kernels that hung
 (their later checks are not judged instead of hanging again), the worker process that checks
-Pallas kernels on CPU (:mod:`conformance.run.pallas_worker`), what each compile for a TPU or GPU topology
+Pallas kernels on CPU (:mod:`conformance.run.check_worker`), what each compile for a TPU or GPU topology
 gave, and where a multi-process job's ranks are in their exchanges. Nothing of a run is kept in a
 module: two sessions in one process see nothing of each other's. The pytest plugin keeps one in
 ``config.stash`` for the whole session; absltest's ``main``, the replay command and the worker
@@ -37,7 +37,7 @@ SCHEDULE_VERDICTS = ("compiler", "hidden")
 #: The time bounds a user sets, each a :class:`Settings` field and the option ``--hang-timeout`` etc.
 TIME_BOUNDS = {
     "hang_timeout_s": "stop a Pallas kernel running longer than this in interpret mode",
-    "check_timeout_s": "stop the worker process when a check of a Pallas kernel takes longer",
+    "check_timeout_s": "stop the worker process when a Pallas or compile tier check takes longer",
     "compile_timeout_s": "a compile for a TPU or GPU topology taking longer is abandoned and fails its check",
 }
 
@@ -51,7 +51,8 @@ class Settings:
     #: Seconds a stopped kernel has to unwind after the watchdog's abort before it counts as
     #: unstoppable (a thread stuck below Python, where no flag or semaphore reaches it).
     abort_grace_s: float = 10.0
-    #: Seconds one check of a Pallas kernel (compiles and runs) may take in the worker process.
+    #: Seconds one check of a Pallas kernel or of a compile tier (traces, compiles and runs) may take in
+    #: the worker process.
     check_timeout_s: float = 300.0
     #: Seconds one compile for a TPU or GPU topology may take; past it, the compile is abandoned and its
     #: check fails naming it (:mod:`conformance.targets.target_compiles`).
@@ -151,7 +152,7 @@ class Session:
         #: The thread bounded calls run on (:class:`conformance.watchdog.BoundedCaller`), started at
         #: first use.
         self.caller: Any = None
-        #: The worker process of :mod:`conformance.run.pallas_worker`, started at first use.
+        #: The worker process of :mod:`conformance.run.check_worker`, started at first use.
         self.worker: Any = None
         #: Where a pytest session keeps its results (:class:`conformance.reports.results.RunLog`); ``None``
         #: for a run that reports each outcome as it comes (absltest, replay, the worker).

@@ -72,7 +72,7 @@ def end_process(case: Case, stacks: list[traceback.StackSummary]) -> None:
     """What a session without its own ``on_unstoppable`` does: say what hung and where, then end this
     process.
 
-    Checks of Pallas kernels on CPU run in a worker process (:mod:`conformance.run.pallas_worker`),
+    Checks of Pallas kernels on CPU run in a worker process (:mod:`conformance.run.check_worker`),
     which reports instead; with isolation off this ends the run, which beats no bound.
     """
     lines = [

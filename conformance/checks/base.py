@@ -211,6 +211,8 @@ class Axes:
 #: own (accuracy), a program that moves or holds what it should not (collectives, bytes, lowering,
 #: layout), or one that waits where it could overlap (overlap, schedule, memory).
 CONCERNS = ("result", "precision", "program", "performance")
+#: The compile tiers (pytest markers): what :attr:`Check.compile_tier` names.
+COMPILE_TIERS = ("tpu_compile", "gpu_compile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,8 +232,16 @@ class Check:
     #: What a failure of it means to a user, one of :data:`CONCERNS`: the run's summary starts from
     #: a wrong result before a precision, a program or a performance defect.
     concern: str = "result"
+    #: The compile tier whose marker its test carries (``"tpu_compile"``, ``"gpu_compile"``), or ``None``:
+    #: a tier's check traces and compiles for whole TPU or GPU topologies, which no thread can stop, and
+    #: runs in the worker process (:mod:`conformance.run.check_worker`) a compile past its bound ends.
+    compile_tier: str | None = None
 
     def __post_init__(self) -> None:
+        if self.compile_tier not in (None, *COMPILE_TIERS):
+            raise ValueError(
+                f"Check {self.name!r}: compile_tier {self.compile_tier!r} is not one of {COMPILE_TIERS}"
+            )
         if self.concern not in CONCERNS:
             raise ValueError(f"Check {self.name!r}: concern {self.concern!r} is not one of {CONCERNS}")
 

@@ -105,12 +105,14 @@ CHECKS = (
         check_gpu_schedule,
         concern="performance",
         tables=lambda records: schedule_table(records, "GPU"),
+        compile_tier="gpu_compile",
     ),
     Check(
         "gpu_memory",
         check_gpu_memory,
         concern="performance",
         tables=lambda records: memory_table(records, "GPU", device="GPU"),
+        compile_tier="gpu_compile",
     ),
-    Check("gpu_bytes", check_gpu_bytes, concern="program", tables=_bytes_table),
+    Check("gpu_bytes", check_gpu_bytes, concern="program", tables=_bytes_table, compile_tier="gpu_compile"),
 )

@@ -216,4 +216,12 @@ def _mib(nbytes: int | None) -> str:
     return "n/a" if nbytes is None else f"{nbytes / (1 << 20):.1f} MiB"
 
 
-CHECKS = (Check("tpu_memory", check_tpu_memory, concern="performance", tables=tpu_memory_table),)
+CHECKS = (
+    Check(
+        "tpu_memory",
+        check_tpu_memory,
+        concern="performance",
+        tables=tpu_memory_table,
+        compile_tier="tpu_compile",
+    ),
+)

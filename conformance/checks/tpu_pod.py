@@ -126,4 +126,6 @@ def tpu_pod_table(records: list[Any]) -> list[tuple[str, list[str]]]:
     return [("TPU pod scale: compiled for whole v5e slices by the real TPU compiler", lines)]
 
 
-CHECKS = (Check("tpu_pod", check_tpu_pod, concern="program", tables=tpu_pod_table),)
+CHECKS = (
+    Check("tpu_pod", check_tpu_pod, concern="program", tables=tpu_pod_table, compile_tier="tpu_compile"),
+)

@@ -418,4 +418,12 @@ def tpu_schedule_table(records: list[Any]) -> list[tuple[str, list[str]]]:
     return target_tables.schedule_table(records, "TPU")
 
 
-CHECKS = (Check("tpu_schedule", check_tpu_schedule, concern="performance", tables=tpu_schedule_table),)
+CHECKS = (
+    Check(
+        "tpu_schedule",
+        check_tpu_schedule,
+        concern="performance",
+        tables=tpu_schedule_table,
+        compile_tier="tpu_compile",
+    ),
+)

@@ -37,7 +37,7 @@ Options:
     fail (exit status 4) when this host has no ``PLATFORM`` backend, instead of skipping
     every test that needs it.
 ``--hang-timeout=SECONDS``, ``--check-timeout=SECONDS``, ``--isolation=process|off``
-    the bounds on a Pallas kernel in interpret mode (see :mod:`conformance.run.pallas_worker`).
+    the bounds on a Pallas kernel in interpret mode (see :mod:`conformance.run.check_worker`).
 ``--compiler-option=NAME=VALUE`` (repeatable), ``--behind-compiler=report|fail``
     an option for every compile for a TPU or GPU topology (recorded with each verdict); whether a
     kernel behind the compiler's own collective matmul fails (:mod:`conformance.checks.tpu_schedule`).

@@ -4,10 +4,10 @@ absltest and the replay command call it, and each translates the outcome its own
 failure or skip, ``self.fail``/``skipTest``, an exit status).
 
 Where a check runs is decided here, once: in this process (:func:`~conformance.run.outcomes.run_here`),
-in the worker process that checks Pallas kernels on CPU (:mod:`conformance.run.pallas_worker`, which
-answers with the same outcome), and in a multi-process job, agreed across the ranks
-(:func:`agreed`). Each module calls only lower ones: this one the worker and the outcomes, the
-worker the outcomes, the outcomes the checks.
+in the worker process that checks Pallas kernels on CPU and runs the compile tiers' checks
+(:mod:`conformance.run.check_worker`, which answers with the same outcome), and in a multi-process
+job, agreed across the ranks (:func:`agreed`). Each module calls only lower ones: this one the
+worker and the outcomes, the worker the outcomes, the outcomes the checks.
 
 May import: the checks, the runner, the reports' record types, the jobs; not the pytest side.
 """
@@ -22,14 +22,15 @@ from conformance import checks, compat
 from conformance import session as session_lib
 from conformance.checks.base import Check
 from conformance.jobs import distributed
-from conformance.run import pallas_worker
+from conformance.run import check_worker
 from conformance.run.outcomes import CheckOutcome, resolve, run_here
 from conformance.runner import Case
 
 
 def run_check(check: Check | str, case: Case, session: session_lib.Session | None = None) -> CheckOutcome:
     """Run one check on one case: in the worker process where isolation applies (a Pallas kernel in
-    interpret mode on CPU), else here; in a multi-process job, the verdict every rank agrees on.
+    interpret mode on CPU, a compile tier's check), else here; in a multi-process job, the verdict
+    every rank agrees on.
 
     ``session``: the run's (default: the active one, else a fresh one that ends with this call).
     """
@@ -48,7 +49,7 @@ def run_check(check: Check | str, case: Case, session: session_lib.Session | Non
 
 
 def _run(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
-    if not pallas_worker.applies(case, session.settings):
+    if not check_worker.applies(case, session.settings, check):
         return run_here(check, case, session)
     if distributed.is_multi_process():
         if session.settings.isolation != "process":
@@ -57,10 +58,11 @@ def _run(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome
                 "only in the worker (process-local); --isolation=off cannot"
             )
         if distributed.rank_and_size()[0] != 0:
-            # Interpret mode cannot run a kernel across processes: rank 0's worker runs it on a
-            # process-local mesh, and this rank takes that verdict (:func:`agreed`).
+            # Interpret mode cannot run a kernel across processes, and a compile for a topology is the
+            # same on every rank: rank 0's worker runs it on a process-local mesh, and this rank takes
+            # that verdict (:func:`agreed`).
             return CheckOutcome(check.name, case, "passed")
-    return pallas_worker.run_in_worker(check, case, session)
+    return check_worker.run_in_worker(check, case, session)
 
 
 def agreed(outcome: CheckOutcome) -> CheckOutcome:

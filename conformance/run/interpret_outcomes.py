@@ -4,7 +4,7 @@ interpret an unchanged program again.
 Interpret mode runs every DMA, load, store and semaphore of a kernel as a host callback on every
 simulated device (1-3 s a case, its compile most of it), and JAX's compilation cache holds none of
 it: a repeat run of a
-Pallas kernel took as long as the first. The worker process (:mod:`conformance.run.pallas_worker`)
+Pallas kernel took as long as the first. The worker process (:mod:`conformance.run.check_worker`)
 keeps each verdict of the checks below in a folder beside the compilation cache, under a key of
 everything the verdict is a function of:
 

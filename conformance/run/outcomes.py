@@ -1,7 +1,7 @@
 """What one check says about one case: a :class:`CheckOutcome` (verdict, message, records), and
 :func:`run_here`, which runs a check in this process and catches what it raises into one.
 :func:`conformance.run.run_check` is the run path every caller uses; the worker process of
-:mod:`conformance.run.pallas_worker` calls :func:`run_here` itself.
+:mod:`conformance.run.check_worker` calls :func:`run_here` itself.
 
 Verdicts:
 

@@ -1,11 +1,15 @@
 """A compile for a TPU or GPU topology has a bound (``--compile-timeout``): past it the compile is
 abandoned and its check fails naming the compiler, the devices and the time, the same program is not
 compiled again in the run, the run goes on, and the process ends with pytest's exit status past the
-abandoned compile (never Python's abort at finalization, exit status 134)."""
+abandoned compile (never Python's abort at finalization, exit status 134). A compile tier's check
+runs in the worker process, which ends once it has answered, the abandoned compile and its memory
+with it, before the next check."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -13,7 +17,9 @@ import pytest
 
 import conformance
 from conformance import checks, registry
+from conformance.checks import tpu_memory
 from conformance.fixtures.meshes import parse_mesh
+from conformance.run import run_check
 from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.selftest import subprocess_env, suite_command
@@ -53,6 +59,71 @@ def test_a_compile_past_its_bound_is_a_verdict_and_is_not_tried_again() -> None:
     ) in threading.enumerate():  # the abandoned compile, left running, would abort this process's exit
         if thread.name == "conformance-target-compile":
             thread.join()
+
+
+def test_a_compile_tier_check_past_its_bound_ends_the_worker_it_ran_in() -> None:
+    """The worker process is ended with the compile it gave up on (its memory freed, not left to grow
+    beside the next test's); the next worker does not try that program again."""
+    if not tpu_compiler.available():
+        pytest.skip(f"no TPU compiler here: {tpu_compiler.unavailable_reason()}")
+    dims = tpu_memory.memory_dims("all_gather", "xla_all_gather")[0]
+    case = Case.make("all_gather", "xla_all_gather", parse_mesh("8-x-explicit"), dict(dims), "bfloat16")
+    session = Session(Settings(compile_timeout_s=0.001))
+    try:
+        first = run_check("tpu_memory", case, session)
+        ended = session.worker
+        assert first.verdict == "failed" and first.what == VERDICT, first.message
+        assert "did not finish within --compile-timeout=0.001s; abandoned" in first.message, first.message
+        assert "the worker process it ran in was ended, its memory freed" in first.message, first.message
+        assert ended is not None and ended.proc.poll() is not None, "the worker outlived its compile"
+        again = run_check("tpu_memory", case, session)
+        assert again.what == VERDICT and "not compiled again" in again.message, again.message
+        assert session.worker is not ended and session.worker.proc.poll() is None  # nothing abandoned there
+        assert not session.abandoned_calls(), "no compile thread is left in this process"
+    finally:
+        session.close()
+
+
+SLOW_TRACE = """
+import time
+
+import conformance
+from conformance import registry
+
+
+@conformance.register("all_gather", name="gather_whose_trace_never_ends")
+def gather(x, *, mesh, axis_name):
+    time.sleep(600)  # at trace time: no compile is ever reached
+    return registry.get("all_gather", "xla_all_gather").fn(x, mesh=mesh, axis_name=axis_name)
+"""
+
+
+def test_a_trace_past_the_check_bound_ends_the_worker_and_names_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace before a compile has a bound too: the check's (``--check-timeout``)."""
+    if not tpu_compiler.available():
+        pytest.skip(f"no TPU compiler here: {tpu_compiler.unavailable_reason()}")
+    (tmp_path / "slow_trace_kernels.py").write_text(SLOW_TRACE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    saved = {family: dict(impls) for family, impls in registry._REGISTRY.items()}
+    session = Session(Settings(check_timeout_s=3))
+    try:
+        importlib.import_module("slow_trace_kernels")
+        dims = tpu_memory.memory_dims("all_gather", "xla_all_gather")[0]
+        mesh = parse_mesh("8-x-explicit")
+        case = Case.make("all_gather", "gather_whose_trace_never_ends", mesh, dict(dims), "bfloat16")
+        outcome = run_check("tpu_memory", case, session)
+        assert outcome.verdict == "failed", outcome.message
+        assert "gave no verdict within --check-timeout=3s (tracing or compiling)" in outcome.message
+        assert "the worker process was stopped" in outcome.message, outcome.message
+        assert "time.sleep(600)" in outcome.message, outcome.message  # where its threads were
+        assert session.worker.proc.poll() is not None
+    finally:
+        session.close()
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved)
+        sys.modules.pop("slow_trace_kernels", None)
 
 
 KERNELS = f"""

@@ -9,7 +9,7 @@ in ``DIR``; ``--compilation-cache=off`` (or a run without pytest's cache provide
 leaves JAX's settings alone, as does a cache directory the user set
 (``JAX_COMPILATION_CACHE_DIR``). What it holds: the compiles for the host's devices of the
 kernels and their VJPs, which the checks share. Not in it: the Pallas kernels' interpret-mode
-runs (they run in the worker process of :mod:`conformance.run.pallas_worker`, whose verdicts of each
+runs (they run in the worker process of :mod:`conformance.run.check_worker`, whose verdicts of each
 interpreted program are kept in a folder beside it instead, :func:`interpret_outcome_dir`; with
 ``--isolation=off`` the plugin leaves the cache off), and the compiles for TPU and GPU
 topologies (:func:`bypassed`), whose executables cannot be read back: what the checks read of those

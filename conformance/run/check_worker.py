@@ -1,4 +1,5 @@
-"""Checks of Pallas kernels on CPU run in a worker process, so that no hang outlives its bound.
+"""Checks that a thread cannot bound run in a worker process, so that none outlives its bound: the
+checks of Pallas kernels on CPU, and the compile tiers' checks.
 
 TPU interpret mode runs a Pallas kernel as Python callbacks on XLA's CPU threads.
 The watchdog in :mod:`conformance.runner` stops a kernel whose wait nothing
@@ -7,24 +8,32 @@ unwinds. It cannot stop a thread stuck below Python. On a 2-core host with 8
 simulated devices, JAX 0.10.2's interpreter deadlocks in ``_allocate_buffer``
 (``np.array`` of a buffer, waiting on XLA's CPU thread pool, which the blocked
 callbacks hold) for a copy kernel with 128 KiB per device; nothing in the process
-can end that wait, only ending the process can.
+can end that wait, only ending the process can. A compile for a TPU or GPU topology is the same:
+a compile given up past ``--compile-timeout`` goes on in its thread (a 256-chip compile of a MoE
+dispatch left that way grew to 13 GB and stalled the next test for 15 minutes), and so may the
+trace before it, which nothing in the process can stop.
 
-So each check of a Pallas kernel on CPU is sent to a worker process (started once,
+So each such check (:func:`applies`) is sent to a worker process (started once,
 kept warm with its compile caches) and the verdict comes back. The bounds:
 
 * one kernel execution: ``--hang-timeout`` seconds (default 20), then the watchdog
   aborts it; a kernel that has not unwound 10 s later (the session's ``abort_grace_s``)
   makes the worker report the frames the threads are stuck in, and exit;
-* one check, compiles included: ``--check-timeout`` seconds (default 300); past
+* one compile for a TPU or GPU topology: ``--compile-timeout`` seconds (default 300); past it the
+  check fails naming that bound and the worker exits once it has answered, its memory and the
+  compile's thread with it, before the next check starts in a fresh worker (which does not try
+  that program again);
+* one check, traces and compiles included: ``--check-timeout`` seconds (default 300); past
   it the worker is stopped (its threads' stacks are dumped first).
 
-Either way the test fails with a verdict that names the kernel and the case, later
-checks of that kernel are not judged (each would wait out the hang again), and the next kernel
-gets a fresh worker. A worker that crashes is a failure naming the case, too.
+Either way the test fails with a verdict that names the kernel, the case and the bound, later
+checks of a kernel that hung are not judged (each would wait out the hang again), and the next
+check gets a fresh worker. A worker that crashes is a failure naming the case, too.
 
 The protocol is one JSON object per line over the worker's stdin and stdout (never
-pickle). Records the checks keep for the run's report (bytes, accuracy) come back
-with the verdict. Isolation is off inside the worker itself and with ``--isolation=off``. In a
+pickle). The run's settings go to the worker as JSON (:func:`settings_to_json`); records the checks
+keep for the run's report (bytes, accuracy, memory, schedules) come back with the verdict. Isolation
+is off inside the worker itself and with ``--isolation=off``. In a
 multi-process JAX job the worker stands alone (it does not join the job): rank 0's worker runs
 the check on its own simulated devices, a process-local mesh, and the other ranks take its
 verdict (:func:`conformance.run.run_check`).
@@ -53,6 +62,7 @@ from conformance.checks.base import Check
 from conformance.run import interpret_outcomes, outcomes
 from conformance.run.outcomes import CheckOutcome
 from conformance.runner import Case
+from conformance.targets import target_compiles
 
 #: Seconds the worker may take to start (import JAX and the kernel modules).
 START_TIMEOUT_S: float = 120.0
@@ -60,16 +70,37 @@ START_TIMEOUT_S: float = 120.0
 STDERR_TAIL = 25
 
 
-def applies(case: Case, settings: session_lib.Settings) -> bool:
-    """Whether ``case`` is checked in the worker: a Pallas kernel in interpret mode on CPU."""
-    return settings.isolation == "process" and case.platform == "cpu" and case.implementation.pallas
+def applies(case: Case, settings: session_lib.Settings, check: Check | None = None) -> bool:
+    """Whether ``check`` of ``case`` runs in the worker: any check of a Pallas kernel in interpret mode
+    on CPU, and a compile tier's check (:attr:`~conformance.checks.base.Check.compile_tier`) of any
+    kernel, under ``--isolation=process``."""
+    if settings.isolation != "process":
+        return False
+    if case.platform == "cpu" and case.implementation.pallas:
+        return True
+    return check is not None and check.compile_tier is not None
+
+
+def settings_to_json(settings: session_lib.Settings) -> str:
+    """The run's settings as the worker takes them (``--settings``): plain JSON."""
+    return json.dumps(dataclasses.asdict(settings))
+
+
+def settings_from_json(text: str) -> session_lib.Settings:
+    fields = json.loads(text)
+    fields["compiler_options"] = tuple(tuple(pair) for pair in fields.get("compiler_options", ()))
+    return session_lib.Settings(**fields)
 
 
 def run_in_worker(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
     """Run ``check`` on ``case`` in the session's worker process (started, or restarted after a hang
     or crash, as needed); here if the worker cannot import the kernel's module by name."""
     if session.worker is None or session.worker.proc.poll() is not None:
-        session.worker = Worker(session.settings, outcome_dir=session.interpret_outcome_dir)
+        session.worker = Worker(
+            session.settings,
+            outcome_dir=session.interpret_outcome_dir,
+            target_compile_dir=session.target_compile_dir,
+        )
     worker = session.worker
     if case.impl not in worker.registered.get(case.family, ()):
         return outcomes.run_here(check, case, session)  # e.g. a kernel defined in a test file
@@ -79,24 +110,37 @@ def run_in_worker(check: Check, case: Case, session: session_lib.Session) -> Che
 class Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, settings: session_lib.Settings, *, outcome_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: session_lib.Settings,
+        *,
+        outcome_dir: str | None = None,
+        target_compile_dir: str | None = None,
+    ) -> None:
         from conformance import specs
+        from conformance.targets import gpu_compiler
 
         modules = sorted({i.module for f in specs.FAMILIES for i in registry.registered(f)})
         paths = [os.path.abspath(p or os.curdir) for p in sys.path]
         # Standalone, also in a rank of a job: it must not join the job (its meshes are its own).
         job = {"JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_LOCAL_DEVICE_IDS"}
-        env = {k: v for k, v in os.environ.items() if k not in job and not k.startswith("CONFORMANCE_")}
+        # The run's own variables stay the parent's, but the GPU topology the parent mocks (route 2).
+        kept = {gpu_compiler.MOCK_VARIABLE}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in job and (k in kept or not k.startswith("CONFORMANCE_"))
+        }
         env.update(PYTHONPATH=os.pathsep.join(paths), JAX_PLATFORMS="cpu")
         self.stderr = tempfile.TemporaryFile(mode="w+", prefix="conformance-worker-")  # noqa: SIM115 (outlives this call)
         argv = [
             sys.executable,
             "-c",
             WORKER_MAIN,
-            f"--hang-timeout={settings.hang_timeout_s}",
-            f"--abort-grace={settings.abort_grace_s}",
+            f"--settings={settings_to_json(settings)}",
             f"--kernels={','.join(modules)}",
             *([f"--outcome-dir={outcome_dir}"] if outcome_dir else []),
+            *([f"--target-compile-dir={target_compile_dir}"] if target_compile_dir else []),
         ]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env
@@ -179,6 +223,8 @@ class Worker:
             "impl": case.impl,
             "token": case.token,
             "platform": case.platform,
+            # the compiles this run gave up on (in an earlier worker): not tried again
+            "abandoned": abandoned_compiles(session),
         }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
@@ -187,8 +233,9 @@ class Worker:
         if answer is None:
             timed_out = time.monotonic() - started >= timeout_s
             code = self.proc.returncode
+            doing = "tracing or compiling" if outcomes.resolve(name).compile_tier else "compiling or running"
             what = (
-                f"gave no verdict within --check-timeout={timeout_s:g}s (compiling or running); "
+                f"gave no verdict within --check-timeout={timeout_s:g}s ({doing}); "
                 "the worker process was stopped"
                 if timed_out
                 else f"the worker process died (exit status {code}) while running this check"
@@ -199,7 +246,11 @@ class Worker:
             return CheckOutcome(name, case, "failed", str(failure), failure.what, failure)
         records = [outcomes.record_from_json(r) for r in answer.get("records", ())]
         verdict, message = answer["outcome"], answer.get("message", "")
-        if answer.get("hung"):
+        for given_up in answer.get("abandoned", ()):
+            session.target_compiles[given_up["key"]] = target_compiles.CompileTimeout(
+                given_up["seconds"], given_up["compiler"]
+            )
+        if answer.get("hung") or answer.get("abandoned"):
             self.proc.wait()  # it ended itself; the next check starts a fresh worker
         kept = bool(answer.get("read_back"))
         if verdict in ("passed", "skipped", "not_judged"):
@@ -216,6 +267,15 @@ class Worker:
                 session.hung[key] = session_lib.Hang(answer["what"], case.token, test=session.current_test())
             return CheckOutcome(name, case, "failed", message, failure.what, failure, records, kept)
         raise RuntimeError(f"the conformance worker raised while running {name} on {case.token}:\n{message}")
+
+
+def abandoned_compiles(session: session_lib.Session) -> list[dict[str, Any]]:
+    """The compiles ``session`` gave up on past ``--compile-timeout``, as the worker takes them."""
+    return [
+        {"key": key, "seconds": kept.seconds, "compiler": kept.compiler}
+        for key, kept in session.target_compiles.items()
+        if isinstance(kept, target_compiles.CompileTimeout)
+    ]
 
 
 def not_run_again(case: Case, check: str, hang: session_lib.Hang) -> str:
@@ -251,7 +311,13 @@ def _failure_message(failure: checks.ConformanceFailure) -> dict[str, Any]:
     return message
 
 
-def _serve(out: TextIO, settings: session_lib.Settings, store: interpret_outcomes.Store | None) -> None:
+def _serve(
+    out: TextIO,
+    settings: session_lib.Settings,
+    store: interpret_outcomes.Store | None,
+    *,
+    target_compile_dir: str | None = None,
+) -> None:
     current: dict[str, str] = {}
 
     def unstoppable(case: Case, stacks: list) -> None:
@@ -274,9 +340,14 @@ def _serve(out: TextIO, settings: session_lib.Settings, store: interpret_outcome
 
     # In the worker, checks run here (isolation off), under the watchdog with the parent's bounds.
     session = session_lib.Session(dataclasses.replace(settings, isolation="off"), on_unstoppable=unstoppable)
+    session.target_compile_dir = target_compile_dir
     for line in sys.stdin:
         request = json.loads(line)
         current["check"] = request["check"]
+        for given_up in request.get("abandoned", ()):
+            session.target_compiles.setdefault(
+                given_up["key"], target_compiles.CompileTimeout(given_up["seconds"], given_up["compiler"])
+            )
         answer: dict[str, Any]
         try:
             case = Case.from_token(
@@ -303,22 +374,33 @@ def _serve(out: TextIO, settings: session_lib.Settings, store: interpret_outcome
         else:
             answer = {"outcome": outcome.verdict, "message": outcome.message}
         answer["records"] = [outcomes.record_to_json(r) for r in outcome.records]
-        if store is not None and key is not None:
-            store.write(key, answer)
+        if store is not None and key is not None and not session.abandoned_compiles:
+            store.write(key, answer)  # (a verdict of a bound passed is this run's, not the program's)
+        if session.abandoned_compiles:
+            # A compile given up past its bound still runs in its thread: this process ends once it has
+            # answered, and that compile's memory with it; the parent starts a fresh worker.
+            answer["abandoned"] = abandoned_compiles(session)
+            answer["message"] = (answer.get("message") or "") + (
+                "\n  (the worker process it ran in was ended, its memory freed, before the next check)"
+            )
+            _send(out, answer)
+            out.flush()
+            sys.stderr.flush()
+            os._exit(4)
         _send(out, answer)
 
 
 #: What the worker process runs: :func:`main` of this module, imported as itself (``python -m`` of a
 #: module of a package whose ``__init__`` imports it would run a second copy of it).
-WORKER_MAIN = "import sys; from conformance.run.pallas_worker import main; main(sys.argv[1:])"
+WORKER_MAIN = "import sys; from conformance.run.check_worker import main; main(sys.argv[1:])"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="conformance's Pallas worker")
-    parser.add_argument("--hang-timeout", type=float, required=True)
-    parser.add_argument("--abort-grace", type=float, required=True)
+    parser.add_argument("--settings", required=True, help="the run's settings, as JSON")
     parser.add_argument("--kernels", default="")
     parser.add_argument("--outcome-dir", default="", help="where verdicts of interpreted programs are kept")
+    parser.add_argument("--target-compile-dir", default="", help="where compiles for topologies are kept")
     args = parser.parse_args(argv)
     # The protocol owns the real stdout; anything else printed goes to stderr.
     out = os.fdopen(os.dup(1), "w")
@@ -328,6 +410,9 @@ def main(argv: list[str] | None = None) -> None:
     from conformance.fixtures.devices import CPU_DEVICE_COUNT
 
     compat.configure_cpu_devices(CPU_DEVICE_COUNT)
+    from conformance.targets import gpu_compiler
+
+    gpu_compiler.configure_from_environment()  # the parent's mocked GPU topology, before any backend
     for module in ["conformance.kernels", *filter(None, args.kernels.split(","))]:
         try:
             importlib.import_module(module)
@@ -337,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
 
     _send(out, {"registered": {f: sorted(registry.implementations(f)) for f in specs.FAMILIES}})
     store = interpret_outcomes.Store(args.outcome_dir) if args.outcome_dir else None
-    _serve(out, session_lib.Settings(hang_timeout_s=args.hang_timeout, abort_grace_s=args.abort_grace), store)
+    _serve(out, settings_from_json(args.settings), store, target_compile_dir=args.target_compile_dir or None)
     # The parent closed the protocol and nothing here outlives it (compiles are in the persistent cache
     # as they are made): leave without Python's and JAX's teardown of every executable, array and
     # cache the run built, which at the end of `tox -e cpu` held the parent waiting 1.2 s of CPU.
