@@ -393,6 +393,7 @@ class _DevicesAfterCollection:
         config.stash[PLATFORMS] = _selected_platforms(ours)
         if distributed.is_multi_process():
             job_ranks.same_tests_on_every_rank([i.nodeid for i in items])
+            job_ranks.junit_file_per_rank(config)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

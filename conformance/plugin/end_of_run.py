@@ -248,7 +248,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if not log.outcomes:
         return
     made = tables(log)
-    xml = _junit_xml(config)
+    xml = junit_xml(config)
     if xml is not None:  # the tables reach JUnit as testsuite properties, with what made the verdicts
         xml.add_global_property(provenance.PROPERTY, provenance.source_digest())
         for table in made:
@@ -278,7 +278,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
             session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
 
 
-def _junit_xml(config: pytest.Config):
+def junit_xml(config: pytest.Config):
+    """pytest's JUnit writer of this run (``--junitxml``), or ``None``."""
     try:
         from _pytest.junitxml import xml_key
     except ImportError:  # pragma: no cover - pytest moved it

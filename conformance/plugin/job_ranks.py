@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conformance.jobs import distributed
-from conformance.plugin.end_of_run import EXIT_STATUS, SESSION, skip_reason
+from conformance.plugin.end_of_run import EXIT_STATUS, SESSION, junit_xml, skip_reason
 
 
 def exit_past_abandoned_calls(config: pytest.Config) -> None:
@@ -34,6 +34,16 @@ def exit_past_abandoned_calls(config: pytest.Config) -> None:
     )
     sys.stderr.flush()
     os._exit(status)
+
+
+def junit_file_per_rank(config: pytest.Config) -> None:
+    """Every rank of a job runs the same tests: rank 0 writes ``--junitxml``'s file, and each other rank
+    the file beside it named for its rank (``results.xml.rank-1``), where the path names no rank of its
+    own (``--junitxml=results.xml.rank-$CONFORMANCE_PROCESS_ID``); else the ranks would write one file."""
+    xml = junit_xml(config)
+    rank, _ = distributed.rank_and_size()
+    if xml is not None and rank and ".rank-" not in os.path.basename(xml.logfile):
+        xml.logfile = f"{xml.logfile}.rank-{rank}"
 
 
 def same_tests_on_every_rank(nodeids: list[str]) -> None:

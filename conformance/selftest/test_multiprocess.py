@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -45,12 +46,18 @@ def test_checks_pass_across_process_boundaries(tmp_path: Path) -> None:
     """A ring of 8 crossing the boundary twice, 2-D meshes with one axis crossing, and smaller
     meshes whose devices alternate between the processes; values, sharding, HLO, gradients."""
     checks = "test_values or test_output_sharding or test_collectives or test_gradients"
-    done, _ = _launch(tmp_path, "--impl=ring_allgather_matmul_bidirectional", "-k", checks, timeout=400)
+    junit = tmp_path / "results.xml"
+    impl = "--impl=ring_allgather_matmul_bidirectional"
+    done, _ = _launch(tmp_path, impl, "-k", checks, f"--junitxml={junit}", timeout=400)
     assert done.returncode == 0, done.stdout[-5000:]
     assert "all 2 ranks exited 0" in done.stdout
     rank1 = (tmp_path / "logs" / "rank-1.log").read_text()
     assert "the tables, matrix and failure summary are printed by rank 0" in rank1, rank1[-2000:]
     assert "conformance matrix" not in rank1 and "conformance matrix" in done.stdout
+    # each rank's JUnit file of its own: rank 0 the one named, rank 1 beside it
+    tests = [ET.parse(path).getroot().iter("testcase") for path in (junit, tmp_path / "results.xml.rank-1")]
+    names = [sorted(case.get("name") for case in cases) for cases in tests]
+    assert names[0] and names[0] == names[1], names
 
 
 def test_a_kernel_that_traces_per_rank_fails_on_every_rank(tmp_path: Path) -> None:
