@@ -211,8 +211,7 @@ class Axes:
 #: own (accuracy), a program that moves or holds what it should not (collectives, bytes, lowering,
 #: layout), or one that waits where it could overlap (overlap, schedule, memory).
 CONCERNS = ("result", "precision", "program", "performance")
-#: The compile tiers (pytest markers): what :attr:`Check.compile_tier` names.
-COMPILE_TIERS = ("tpu_compile", "gpu_compile")
+COMPILE_TIERS = ("tpu_compile", "gpu_compile")  #: pytest markers: what :attr:`Check.compile_tier` names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,16 +231,13 @@ class Check:
     #: What a failure of it means to a user, one of :data:`CONCERNS`: the run's summary starts from
     #: a wrong result before a precision, a program or a performance defect.
     concern: str = "result"
-    #: The compile tier whose marker its test carries (``"tpu_compile"``, ``"gpu_compile"``), or ``None``:
-    #: a tier's check traces and compiles for whole TPU or GPU topologies, which no thread can stop, and
-    #: runs in the worker process (:mod:`conformance.run.check_worker`) a compile past its bound ends.
+    #: The compile tier (:data:`COMPILE_TIERS`) whose marker its test carries, or ``None``: such a check
+    #: runs in the worker process (:mod:`conformance.run.check_worker`), ended by a compile past its bound.
     compile_tier: str | None = None
 
     def __post_init__(self) -> None:
         if self.compile_tier not in (None, *COMPILE_TIERS):
-            raise ValueError(
-                f"Check {self.name!r}: compile_tier {self.compile_tier!r} is not one of {COMPILE_TIERS}"
-            )
+            raise ValueError(f"Check {self.name!r}: compile_tier {self.compile_tier!r} is not a compile tier")
         if self.concern not in CONCERNS:
             raise ValueError(f"Check {self.name!r}: concern {self.concern!r} is not one of {CONCERNS}")
 
