@@ -22,7 +22,7 @@ import numpy as np
 from conformance import compat, dtypes, runner, shared_runs, tolerances, watchdog
 from conformance.blame import error_locations, error_text
 from conformance.checks import block_map
-from conformance.checks.baseline_case import baseline_of, on_the_baseline
+from conformance.checks.baseline_case import baseline_of, baseline_result
 from conformance.runner import Case
 from conformance.targets import target_compiles
 
@@ -492,25 +492,6 @@ def _known_mistakes(
     ]
 
 
-def _baseline_result(
-    case: Case,
-    baseline: str,
-    inputs64: tuple[np.ndarray, ...],
-    expected: np.ndarray,
-    *,
-    call: Callable[[Callable[[], Any]], Any],
-) -> np.ndarray:
-    """``baseline``'s result on ``case``'s inputs, in the case's form (a batched case folded into the
-    2-D baseline and back), as float64; ``call`` runs the baseline (under ``call_kernel`` where its
-    failure is a verdict)."""
-    base_case, fold, unfold = on_the_baseline(case, baseline)
-    inputs = runner.as_operands(case, inputs64)  # exact: they came from them
-    _, base_out = call(lambda: runner.execute(base_case, inputs=fold(inputs)))
-    folded = unfold(base_out, expected)
-    base = folded if isinstance(folded, np.ndarray) else runner.global_value(folded)
-    return np.asarray(base).astype(np.float64)
-
-
 def _baseline_wrong_too(
     case: Case, inputs64: tuple[np.ndarray, ...], expected: np.ndarray, tol: np.ndarray | float
 ) -> list[str]:
@@ -525,7 +506,7 @@ def _baseline_wrong_too(
         baseline = baseline_of(case.family)
         if baseline == case.impl:
             return []
-        base = _baseline_result(case, baseline, inputs64, expected, call=lambda run: run())
+        base = baseline_result(case, baseline, inputs64, expected, call=lambda run: run())
     except Exception:  # the baseline not running this case says nothing about the kernel's result
         return []
     bad = np.abs(base - expected) > tol
@@ -544,9 +525,7 @@ def _baseline_tolerance(
     case: Case, check: str, inputs64: tuple[np.ndarray, ...], expected: np.ndarray, why: str
 ) -> tuple[np.ndarray, str]:
     baseline = baseline_of(case.family)
-    base = _baseline_result(
-        case, baseline, inputs64, expected, call=lambda run: call_kernel(case, check, run)
-    )
+    base = baseline_result(case, baseline, inputs64, expected, call=lambda run: call_kernel(case, check, run))
     error = np.abs(base - expected)
     tol = tolerances.baseline_relative_tolerance(expected, error, case.dtype)
     rule = (

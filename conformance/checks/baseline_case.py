@@ -1,9 +1,11 @@
 """The family baseline a kernel is compared with on the same inputs (the accuracy checks, and the
-values check where the worst-case bound says nothing): its name, and its case for a kernel's case."""
+values check where the worst-case bound says nothing): its name, its case for a kernel's case, and
+its result on a kernel's inputs."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,3 +45,22 @@ def on_the_baseline(case: Case, baseline: str) -> tuple[Case, Any, Any]:
         return form.unfold(runner.global_value(value), like)
 
     return base_case, form.fold, unfold
+
+
+def baseline_result(
+    case: Case,
+    baseline: str,
+    inputs64: tuple[np.ndarray, ...],
+    expected: np.ndarray,
+    *,
+    call: Callable[[Callable[[], Any]], Any],
+) -> np.ndarray:
+    """``baseline``'s result on ``case``'s inputs, in the case's form (a batched case folded into the
+    2-D baseline and back), as float64; ``call`` runs the baseline (under ``call_kernel`` where its
+    failure is a verdict)."""
+    base_case, fold, unfold = on_the_baseline(case, baseline)
+    inputs = runner.as_operands(case, inputs64)  # exact: they came from them
+    _, base_out = call(lambda: runner.execute(base_case, inputs=fold(inputs)))
+    folded = unfold(base_out, expected)
+    base = folded if isinstance(folded, np.ndarray) else runner.global_value(folded)
+    return np.asarray(base).astype(np.float64)
