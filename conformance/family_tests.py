@@ -177,6 +177,10 @@ def test_for(check: Check) -> Callable[..., None]:
     if drawn:
         test = PER_MESH(given(data=st.data())(test))
     test = pytest.mark.conformance_axes(axes)(test)
+    if check.compile_tier == "tpu_compile":  # as the tier's own tests below: a TPU VM's -m tpu runs it too
+        test = pytest.mark.tpu_compile(pytest.mark.tpu(test))
+    elif check.compile_tier:
+        test = getattr(pytest.mark, check.compile_tier)(test)
     return test if axes.platforms else pytest.mark.cpu(test)
 
 

@@ -4,7 +4,7 @@
 module                 checks
 =====================  ==========================================================================
 ``values``             values, output_sharding, dtype, determinism, eager
-``collectives``        collectives, cross_lowering, lowered_bytes (and the byte tables)
+``collectives``        collectives, cross_lowering, lowered_bytes, tpu_bytes (and the byte tables)
 ``overlap``            overlap (the dataflow of each module)
 ``tpu_schedule``       tpu_schedule (overlap in the run order the real TPU compiler schedules)
 ``tpu_memory``         tpu_memory (peak memory the real TPU compiler reserves, beside the baseline's)

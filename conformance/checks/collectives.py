@@ -14,6 +14,7 @@ from conformance.checks import on_topology
 from conformance.checks.base import (
     Axes,
     Check,
+    NotJudged,
     call_kernel,
     check_byte_bound,
     compiled_for,
@@ -23,7 +24,10 @@ from conformance.checks.base import (
     records_of,
 )
 from conformance.runner import Case
-from conformance.targets import mosaic, tpu_compiler
+from conformance.targets import gpu_compiler, mosaic, tpu_compiler
+
+#: The TPU bytes' mesh: the longest ring's 8 chips as one v5e slice.
+TPU_BYTES_MESHES = ("8-x-explicit",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +126,8 @@ def _judge(case: Case, summary: hlo.CollectiveSummary, ops: list[str], allowed: 
 def check_lowered_bytes(case: Case) -> list[ByteRecord]:
     """The traffic of operands narrower than 32 bits (16-bit, float8, int8; plain or in a mixed-precision
     pair), forward and (at the gradient dtypes) backward, in the modules lowered for the
-    implementation's targets; for TPU, where libtpu is installed, in the module the real TPU compiler
-    compiles instead.
+    implementation's targets (no target's compiler runs: the module the real TPU compiler compiles is
+    :func:`check_tpu_bytes`'s, XLA:GPU's is ``gpu_bytes``'s, each in its compile tier).
 
     XLA CPU converts bfloat16 and float16 to float32 before every transfer, so the compiled
     module can audit float32 only; a module lowered for TPU or CUDA keeps the real types. The
@@ -162,12 +166,6 @@ def check_lowered_bytes(case: Case) -> list[ByteRecord]:
 def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limited: list[str]) -> None:
     impl, itemsize, n = case.implementation, runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
     for target in impl.lowering_targets:
-        if target == "tpu" and not impl.pallas and tpu_compiler.available():
-            topology = tpu_compiler.topology_for(case.mesh.num_devices)
-            compiled_module_bytes(
-                case, [p[0] for p in passes], records, topology=topology, check="lowered_bytes"
-            )
-            continue
         for name, lower, compile_on_host, bound_of, bound_text in passes:
             lowered = lower_or_note_limit(
                 case, "lowered_bytes", f"the {name} pass", lower, target, host_limited
@@ -200,8 +198,40 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
                         if removed
                         else []
                     ),
-                    module=f"module lowered for {target}: read from lowered text, no {target} compiler here",
+                    module=f"module lowered for {target}: read from lowered text, {_compiled_is(target)}",
                 )
+
+
+def check_tpu_bytes(case: Case) -> list[ByteRecord]:
+    """The forward and (at the gradient dtypes) backward passes of a 16- or 8-bit case compiled by the
+    real TPU compiler for the slice of the case's chip count (``tpu_compiler.topology_for``): only the
+    family's collectives, and at most the family's bound of bytes per device, read from the module
+    XLA:TPU runs (what its passes moved or removed counted as they left it). A host without libtpu
+    skips, naming the install command; :func:`check_lowered_bytes` reads the lowered text there."""
+    reason = tpu_compiler.unavailable_reason()
+    if reason is not None:
+        raise compat.HostLimit(f"the TPU module's bytes are judged by the real TPU compiler: {reason}")
+    impl, spec = case.implementation, case.spec
+    if "tpu" not in impl.lowering_targets:
+        raise NotJudged(
+            f"{impl.name} is not registered for TPU (lowering_targets: {', '.join(impl.lowering_targets)})"
+        )
+    passes = ["forward"]
+    if impl.differentiable and case.dtype in spec.gradient_dtypes and spec.backward_max_received_bytes:
+        passes.append("backward")
+    records: list[ByteRecord] = []
+    with keeping(records):
+        topology = tpu_compiler.topology_for(case.mesh.num_devices)
+        compiled_module_bytes(case, passes, records, topology=topology, check="tpu_bytes")
+    return records
+
+
+def _compiled_is(target: str) -> str:
+    """Where the target's compiled module is judged, or that no compiler for it is here."""
+    tier = {"tpu": ("tpu_bytes", tpu_compiler), "cuda": ("gpu_bytes", gpu_compiler)}.get(target)
+    if tier is None or not tier[1].available():
+        return f"no {target} compiler here"
+    return f"the module its compiler compiles is {tier[0]}'s (its compile tier)"
 
 
 def compiled_module_bytes(
@@ -369,5 +399,20 @@ CHECKS = (
         # on a mesh of each kind are the collectives check's
         axes=Axes(meshes="longest_ring", dtypes="narrow_dtypes"),
         doc="16- and 8-bit bytes per device, forward and backward, in the modules lowered for targets.",
+    ),
+    Check(
+        "tpu_bytes",
+        check_tpu_bytes,
+        concern="program",
+        tables=lambda records: byte_table(
+            "TPU: 16- and 8-bit bytes received per device / bound, in the modules libtpu compiled", records
+        ),
+        # lowered_bytes's cases, compiled: what XLA:TPU moves past a transfer (a convert) or removes
+        # turns on the dtype and the hops, on the slice of the longest ring's 8 chips
+        axes=Axes(
+            platforms=False, meshes=TPU_BYTES_MESHES, dtypes="narrow_dtypes", implementations=("not_pallas",)
+        ),
+        compile_tier="tpu_compile",
+        doc="16- and 8-bit bytes per device, forward and backward, in the module libtpu compiles (8 chips).",
     ),
 )

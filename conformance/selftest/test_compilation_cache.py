@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.selftest, pytest.mark.integration]
 #: shown.
 CHECKS = (
     "-k",
-    "test_collectives or test_lowered_bytes",
+    "test_collectives or test_lowered_bytes or test_tpu_bytes",
     "--meshes=2-x-auto,2x4-y-auto",
     "-W",
     "default",
@@ -65,7 +65,7 @@ def test_a_repeat_run_reads_the_host_compiles_back(tmp_path: Path) -> None:
     repeat = run()
     assert UNREADABLE not in repeat, repeat[-3000:]  # no TPU executable was written to be read back
     if tpu_compiler.available():  # the TPU compiles' verdicts, read back in the repeat
-        assert "lowered_bytes          ok" in repeat, repeat[-3000:]
+        assert "tpu_bytes              ok" in repeat, repeat[-3000:]
     assert files(folder) == entries and files(kept) == compiled_for_tpu  # and wrote no new entry
     for entry in entries:  # the repeat read them: garbled, JAX says so (and compiles afresh)
         entry.write_bytes(b"not an executable")

@@ -70,7 +70,7 @@ def test_the_extra_transfer_the_compiler_keeps_is_still_counted() -> None:
     outcome = _lowered_bytes("4-x-auto")
     assert outcome.verdict == "failed", outcome.message
     assert "received       : 192 bytes per device per call" in outcome.message, outcome.message
-    assert "read from lowered text, no cuda compiler here" in outcome.message, outcome.message
+    assert "read from lowered text, " in outcome.message, outcome.message
 
 
 def _op(name: str, dims: tuple[int, ...], times: int, dtype: str = "bf16") -> hlo.CollectiveOp:

@@ -395,7 +395,7 @@ def test_bytes_and_collectives_are_read_from_the_compiled_tpu_module(impl: str, 
 
     dims = dict(specs.get("allgather_matmul").canonical_dims)
     case = Case.make("allgather_matmul", impl, parse_mesh("8-x-auto"), dims, "bfloat16")
-    outcome = run_here(checks.CHECKS["lowered_bytes"], case, Session())
+    outcome = run_here(checks.CHECKS["tpu_bytes"], case, Session())
     assert outcome.verdict == "failed", outcome
     assert expected in str(outcome.failure), outcome.failure
     assert (
