@@ -155,6 +155,7 @@ def check_lowered_bytes(case: Case) -> list[ByteRecord]:
                 spec.backward_byte_bound_text,
             )
         )
+    traced_as_every_target_gets_it(case, "lowered_bytes")
     records, host_limited = [], []
     with keeping(records):
         _lower_each(case, passes, records, host_limited)
@@ -302,6 +303,17 @@ def _compiled_module_bytes(
         )
 
 
+def traced_as_every_target_gets_it(case: Case, check: str) -> None:
+    """The kernel traced once, as every target's lowering gets it: what raises here is the kernel's own
+    (one cause with the other checks' "raised ... on valid input"), not a target's lowering."""
+
+    def trace() -> None:
+        with contextlib.suppress(mosaic.TpuConstraintError):  # a shape a TPU refuses: the lowering's
+            runner.traced_for_targets(case)
+
+    call_kernel(case, check, trace)
+
+
 def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> None:
     """It lowers for each of its targets from the CPU host, using only allowed collectives there.
 
@@ -310,13 +322,7 @@ def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> No
     """
     impl = case.implementation
 
-    # Traced once, as every target gets it: what raises here is the kernel's own (one cause with the
-    # other checks' "raised ... on valid input"), not a target's lowering.
-    def trace() -> None:
-        with contextlib.suppress(mosaic.TpuConstraintError):  # a shape a TPU refuses: handled below
-            runner.traced_for_targets(case)
-
-    call_kernel(case, "cross_lowering", trace)
+    traced_as_every_target_gets_it(case, "cross_lowering")
     problems, host_limited = [], []
     for target in targets or impl.lowering_targets:
         try:

@@ -201,7 +201,13 @@ def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tm
     def own(test_id: str) -> bool:  # a check with meshes of its own
         return any(
             f"::{name}[" in test_id
-            for name in ("test_eager", "test_tpu_schedule", "test_tpu_memory", "test_tpu_pod")
+            for name in (
+                "test_eager",
+                "test_tpu_schedule",
+                "test_tpu_memory",
+                "test_tpu_pod",
+                "test_tpu_bytes",
+            )
         )
 
     without = {t for t in every if not on(t)}

@@ -124,6 +124,7 @@ def test_test_ids_name_the_implementation_and_platforms_carry_markers() -> None:
     ids = [line for line in proc.stdout.splitlines() if "::" in line]
     # -m tpu: the tests of the tpu platform, and the TPU compile tier (no platform: it needs no chip)
     tier = ("::test_tpu_schedule[", "::test_tpu_memory[", "::test_tpu_pod[", "::test_tpu_layout[")
+    tier += ("::test_tpu_bytes[",)
     assert ids and all("ring_allgather_matmul_unidirectional" in i for i in ids)
     assert all(i.endswith("-tpu]") or any(t in i for t in tier) for i in ids), ids
     assert any(i.endswith("-tpu]") for i in ids) and any("::test_tpu_schedule[" in i for i in ids), ids
