@@ -91,7 +91,7 @@ def _main(argv: list[str]) -> int:
     from conformance.run import run_check
     from conformance.runner import Case
     from conformance.session import Session
-    from conformance.targets import target_compiles
+    from conformance.targets import cpu_ragged_all_to_all, target_compiles
 
     if args.command == "list":
         for family in specs.FAMILIES:
@@ -145,10 +145,12 @@ def _main(argv: list[str]) -> int:
     except ValueError as e:
         raise command_line.UsageError(str(e)) from e
     session = Session(settings)
+    undo_emulation = cpu_ragged_all_to_all.install()  # as in a pytest run of the suite
     try:
         outcome = run_check(args.check, case, session)
     finally:
         session.close()
+        undo_emulation()
     if outcome.verdict == "failed":
         print(f"\nFAILED {args.check}\n{outcome.message}")
         if session.abandoned_calls():  # a thread still in a kernel or a compiler would abort the exit

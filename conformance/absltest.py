@@ -34,6 +34,7 @@ from conformance.fixtures.meshes import MESH_CONFIGS, build_mesh, parse_mesh
 from conformance.run import run_check
 from conformance.session import Session
 from conformance.specs.base import FIXED_SHAPES
+from conformance.targets import cpu_ragged_all_to_all
 
 #: The checks a generated TestCase runs when none are named (each one compile per mesh and shape).
 DEFAULT_CHECKS = (
@@ -82,8 +83,10 @@ def conformance_test_case(
         for shape in FIXED_SHAPES
     ]
 
-    # The class's session: default bounds, one worker process kept warm across its tests.
+    # The class's session: default bounds, one worker process kept warm across its tests; XLA's
+    # ragged all-to-all emulated on CPU where XLA:CPU lacks it, from the class's first test to its last.
     session = Session()
+    undo_emulation: list = []
 
     def make_test(check_name: str):
         def test(self: parameterized.TestCase, impl: str, mesh_label: str, shape: str) -> None:
@@ -96,12 +99,19 @@ def conformance_test_case(
     body = {f"test_{c}": make_test(c) for c in checks}
     generated = type(f"{_name(family).title()}ConformanceTest", (parameterized.TestCase,), body)
 
+    def set_up_class(cls: type) -> None:
+        super(generated, cls).setUpClass()
+        undo_emulation.append(cpu_ragged_all_to_all.install())
+
     def tear_down_class(cls: type) -> None:
         try:
             super(generated, cls).tearDownClass()
         finally:
             session.close()  # the worker process, if a Pallas kernel started one
+            while undo_emulation:
+                undo_emulation.pop()()
 
+    generated.setUpClass = classmethod(set_up_class)
     generated.tearDownClass = classmethod(tear_down_class)
     return generated
 

@@ -524,17 +524,13 @@ def mlir_isa(kind: Any, thing: Any) -> bool:
     return static(thing) if static is not None else isinstance(thing, kind)
 
 
-def environment_defaults(values: dict[str, str]) -> Callable[[], None]:
-    """Set each of ``values`` in ``os.environ`` where it is unset (this process and those it starts);
-    returns the closure that removes what it set."""
-    added = {k: v for k, v in values.items() if k not in os.environ}
-    os.environ.update(added)
+def cpu_lowering_rules() -> Any:
+    """JAX's table of CPU-specific lowering rules (private: primitive -> entry), and the rule of an
+    entry of it: the rule itself in JAX 0.6, a ``LoweringRuleEntry`` holding it from 0.7."""
+    from jax._src.interpreters import mlir
 
-    def undo() -> None:
-        for key in added:
-            os.environ.pop(key, None)
-
-    return undo
+    rules = mlir._platform_specific_lowerings["cpu"]
+    return rules, mlir._lowerings, lambda entry: getattr(entry, "rule", entry)
 
 
 def tpu_chips_here() -> int:

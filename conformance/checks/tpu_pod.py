@@ -24,7 +24,7 @@ from conformance.checks.base import Check, NotJudged, call_kernel, compiled_for,
 from conformance.checks.on_topology import compiled_on_topology
 from conformance.checks.target_tables import judges_line
 from conformance.runner import Case
-from conformance.targets import mosaic, tpu_compiler
+from conformance.targets import cpu_ragged_all_to_all, mosaic, tpu_compiler
 
 #: The pod meshes: 1-D rings over a whole v5e slice.
 POD_MESHES = ("64-x-explicit", "256-x-explicit")
@@ -91,6 +91,12 @@ def check_tpu_pod(case: Case) -> TpuPodRecord:
                     f"({tpu_compiler.judge(topology)}); a kernel of the family that compiles there does "
                     "what the compiler cannot"
                 ) from refusal
+            if _refuses_xla_ragged_all_to_all(case, topology, refusal):  # the op's limit, in a kernel
+                raise NotJudged(
+                    f"the kernel calls XLA's ragged all-to-all, which the TPU compiler does not compile on "
+                    f"{chips} chips ({topology}): {refusal} ({tpu_compiler.judge(topology)}); the "
+                    "platform's limit, as for the family's baseline, not the kernel's"
+                ) from refusal
             raise fail(
                 case,
                 "tpu_pod",
@@ -124,6 +130,15 @@ def tpu_pod_table(records: list[Any]) -> list[tuple[str, list[str]]]:
         lines.append(f"{family:<21} {impl:<{width}}  " + "  |  ".join(cells))
     lines.append(judges_line(records))
     return [("TPU pod scale: compiled for whole v5e slices by the real TPU compiler", lines)]
+
+
+def _refuses_xla_ragged_all_to_all(case: Case, topology: str, refusal: Exception) -> bool:
+    """Whether the compiler's refusal is of XLA's ragged all-to-all, and the kernel calls that op."""
+    said = str(refusal).lower()
+    if "ragged all-to-all" not in said and "ragged_all_to_all" not in said:
+        return False
+    mesh = tpu_compiler.mesh_on(case.mesh, topology)
+    return cpu_ragged_all_to_all.implementation_calls_the_op(case, mesh=mesh)
 
 
 CHECKS = (

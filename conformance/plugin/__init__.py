@@ -98,7 +98,13 @@ from conformance.session import (
     Settings,
 )
 from conformance.specs.base import FIXED_SHAPES
-from conformance.targets import compilation_cache, gpu_compiler, target_compiles, tpu_compiler
+from conformance.targets import (
+    compilation_cache,
+    cpu_ragged_all_to_all,
+    gpu_compiler,
+    target_compiles,
+    tpu_compiler,
+)
 
 #: The markers the suite's tests carry, registered by the plugin (so ``--strict-markers`` works anywhere).
 MARKERS = (
@@ -179,7 +185,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # and so are the verdicts of the Pallas kernels' interpreted programs
     session.interpret_outcome_dir = compilation_cache.interpret_outcome_dir(cache_dir) if cache_dir else None
 
+    # XLA's ragged all-to-all on CPU, where XLA:CPU lacks it: emulated while the suite runs
+    undo_emulation = cpu_ragged_all_to_all.install()
+
     def undo() -> None:
+        undo_emulation()
         undo_cache()
         undo_session()
 
@@ -448,6 +458,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         note("replay", noted.case.replay_command(noted.check))
         if getattr(noted, "read_back", False):
             note(end_of_run.READ_BACK, interpret_outcomes.READ_BACK_NOTE)
+        if getattr(noted, "emulated", ""):
+            note(end_of_run.EMULATED, noted.emulated)
     if rep.when == "call" and rep.failed:
         # the check's own failure: the outcome's verdict line, and its case for the failure summary
         failure = end_of_run.conformance_failure(call.excinfo.value if call.excinfo else None)

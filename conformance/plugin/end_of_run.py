@@ -20,6 +20,8 @@ from conformance.session import Session
 #: The JUnit property of a test whose verdict was read back, not run
 #: (:mod:`conformance.run.interpret_outcomes`).
 READ_BACK = "interpret_outcome"
+#: The JUnit property (and JSON field) of a verdict that ran an op emulated on CPU: what ran so.
+EMULATED = "emulated"
 
 #: The pytest session's :class:`~conformance.session.Session` (settings, state and run log).
 SESSION = pytest.StashKey[Session]()
@@ -126,6 +128,7 @@ class OutcomeRecorder:
             xfail_reason=getattr(report, "wasxfail", None) or None,
             what=cause.get("what") if cause else None,
             why=cause.get("why") if cause else None,
+            emulated=props.get(EMULATED) or None,
             failure=results.FailureCause.from_json(cause) if cause else None,
         )
 
@@ -226,6 +229,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
             f"conformance: {len(read_back)} checks of Pallas kernels {interpret_outcomes.READ_BACK_NOTE} "
             "(--compilation-cache=off runs them all)"
         )
+    emulated = sorted({o.emulated for o in log.outcomes.values() if o.emulated})
+    for label in emulated:
+        ran = sum(o.emulated == label for o in log.outcomes.values())
+        tr.write_line(f"conformance: {ran} verdicts ran so: {label}", yellow=True)
     for line in _missing_backends(config):
         tr.write_line(line, yellow=True, bold=True)
     for path, error in config.stash.get(WRITTEN, {}).items():

@@ -24,7 +24,7 @@ The JSON (``--conformance-json``), schema version :data:`SCHEMA`::
      "matrix": {"family/impl": {check: {outcome: n}}},
      "outcomes": [{"id", "nodeid", "family", "impl", "check", "mesh", "platform", "dtype",
                    "shape", "dma_mode", "outcome", "message", "case", "replay", "duration_s",
-                   "xfail_reason", "what", "why"}],
+                   "xfail_reason", "what", "why", "emulated"}],
      "tables": [{"title", "lines": [...], "records": [{...}, ...]}],
      "known_failures": {"stale": [{"file", "line", "pattern"}]},
      "summary": [line, ...]}
@@ -124,6 +124,8 @@ class Outcome:
     what: str | None = None
     #: Why, in one line, where the check said more than its verdict (which block landed where).
     why: str | None = None
+    #: What ran emulated for this verdict (XLA's ragged all-to-all on CPU), where something did.
+    emulated: str | None = None
     #: The check's failure as the run's failure summary needs it; not part of the JSON.
     failure: FailureCause | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -413,6 +415,7 @@ def to_html(document: dict[str, Any]) -> str:
         + "".join(f"<th>{esc(c).replace('_', '_<wbr>')}</th>" for c in checks)
         + "</tr></thead><tbody>",
     ]
+    emulated_impls = {f"{o['family']}/{o['impl']}": o["emulated"] for o in outcomes if o.get("emulated")}
     for impl, row in document["matrix"].items():
         cells = []
         for check in checks:
@@ -427,8 +430,15 @@ def to_html(document: dict[str, Any]) -> str:
             )
         family, _, name = impl.partition("/")
         label = f"<small>{esc(family)}</small><br>{esc(name)}"
+        if impl in emulated_impls:
+            label += (
+                f'<br><small class="emulated" title="{esc(emulated_impls[impl])}">ran emulated on CPU</small>'
+            )
+
         out.append(f'<tr><td class="impl" title="{esc(impl)}">{label}</td>{"".join(cells)}</tr>')
     out.append("</tbody></table>")
+    for label, ran in Counter(o["emulated"] for o in outcomes if o.get("emulated")).items():
+        out.append(f'<p class="legend" id="emulated">{ran} verdicts ran so: {esc(label)}</p>')
     failures = [o for o in outcomes if o["outcome"] in ("failed", "xpassed")]
     out.append(f'<h2 id="failures">Failures ({len(failures)})</h2>')
     if document.get("summary"):  # the terminal's summary: each cause once, the patterns, where to start

@@ -252,9 +252,11 @@ class Worker:
             )
         if answer.get("hung") or answer.get("abandoned"):
             self.proc.wait()  # it ended itself; the next check starts a fresh worker
-        kept = bool(answer.get("read_back"))
+        kept, emulated = bool(answer.get("read_back")), answer.get("emulated", "")
         if verdict in ("passed", "skipped", "not_judged"):
-            return CheckOutcome(name, case, verdict, message, records=records, read_back=kept)
+            return CheckOutcome(
+                name, case, verdict, message, records=records, read_back=kept, emulated=emulated
+            )
         if verdict == "failed":
             failure = checks.ConformanceFailure(message)
             if answer.get("token"):
@@ -265,7 +267,7 @@ class Worker:
                 failure.why = answer.get("why")
             if answer.get("hung"):
                 session.hung[key] = session_lib.Hang(answer["what"], case.token, test=session.current_test())
-            return CheckOutcome(name, case, "failed", message, failure.what, failure, records, kept)
+            return CheckOutcome(name, case, "failed", message, failure.what, failure, records, kept, emulated)
         raise RuntimeError(f"the conformance worker raised while running {name} on {case.token}:\n{message}")
 
 
@@ -374,6 +376,7 @@ def _serve(
         else:
             answer = {"outcome": outcome.verdict, "message": outcome.message}
         answer["records"] = [outcomes.record_to_json(r) for r in outcome.records]
+        answer["emulated"] = outcome.emulated
         if store is not None and key is not None and not session.abandoned_compiles:
             store.write(key, answer)  # (a verdict of a bound passed is this run's, not the program's)
         if session.abandoned_compiles:
@@ -413,6 +416,9 @@ def main(argv: list[str] | None = None) -> None:
     from conformance.targets import gpu_compiler
 
     gpu_compiler.configure_from_environment()  # the parent's mocked GPU topology, before any backend
+    from conformance.targets import cpu_ragged_all_to_all
+
+    cpu_ragged_all_to_all.install()  # as in the parent: the op emulated where XLA:CPU lacks it
     for module in ["conformance.kernels", *filter(None, args.kernels.split(","))]:
         try:
             importlib.import_module(module)

@@ -28,7 +28,7 @@ from conformance import session as session_lib
 from conformance.checks.base import Check, compile_timeout_failure
 from conformance.reports import bench
 from conformance.runner import Case
-from conformance.targets import target_compiles
+from conformance.targets import cpu_ragged_all_to_all, target_compiles
 
 #: What a check can say.
 CHECK_VERDICTS = ("passed", "failed", "skipped", "not_judged")
@@ -53,6 +53,8 @@ class CheckOutcome:
     #: Read back from an earlier run of the same interpreted program
     #: (:mod:`conformance.run.interpret_outcomes`), not run again.
     read_back: bool = False
+    #: What ran emulated for this verdict (:data:`conformance.targets.cpu_ragged_all_to_all.LABEL`), or "".
+    emulated: str = ""
 
     @property
     def skip_reason(self) -> str:
@@ -105,8 +107,29 @@ def hold(case: Case | Any, session: session_lib.Session) -> None:
         session.held = held
 
 
+#: Checks that run nothing on the host: they lower or compile for TPU and GPU alone.
+_TARGETS_ONLY = frozenset({"cross_lowering", "lowered_bytes", "tpu_layout", "barrier_protocol"})
+
+
 def run_here(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
-    """Run ``check`` on ``case`` in this process, with ``session`` active (:func:`hold`)."""
+    """Run ``check`` on ``case`` in this process, with ``session`` active (:func:`hold`); a verdict of
+    a check that ran XLA's ragged all-to-all emulated on CPU says so (its ``emulated``, and a line of
+    its failure's message)."""
+    outcome = _run_here(check, case, session)
+    if isinstance(case, Case) and _ran_emulated(check, case):
+        outcome.emulated = cpu_ragged_all_to_all.LABEL
+        if outcome.verdict == "failed":
+            outcome.message += f"\n  emulated       : {cpu_ragged_all_to_all.LABEL}"
+    return outcome
+
+
+def _ran_emulated(check: Check, case: Case) -> bool:
+    if check.compile_tier or check.name in _TARGETS_ONLY or case.platform != "cpu":
+        return False
+    return cpu_ragged_all_to_all.emulating() and cpu_ragged_all_to_all.implementation_calls_the_op(case)
+
+
+def _run_here(check: Check, case: Case, session: session_lib.Session) -> CheckOutcome:
     hold(case, session)
     with session.active():
         try:

@@ -222,6 +222,9 @@ class FamilySpec:
     #: Ways kernels of the family are known to go wrong, each as the result it gives: a wrong result
     #: that matches one is named by it.
     known_mistakes: tuple[KnownMistake, ...] = ()
+    #: The same for gradients: each mistake's reference takes the float64 inputs and the cotangent and
+    #: gives every data operand's gradient (a tuple); the gradients check names a match.
+    vjp_known_mistakes: tuple[KnownMistake, ...] = ()
 
     # -- reductions other than the family's own (:mod:`conformance.checks.reductions`)
     #: The reductions a kernel may declare beside the family's default (registration option

@@ -61,6 +61,7 @@ from (docs/families.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -241,6 +242,55 @@ def vjp_reference(x, output, input_offsets, send_sizes, output_offsets, recv_siz
     return d_x.reshape(x.shape), d_output.reshape(output.shape)
 
 
+def jax_transpose_vjp(
+    x, output, input_offsets, send_sizes, output_offsets, recv_sizes, ct, *, axis_size, zeroed="above_zero"
+):
+    """The gradients JAX's own transpose of ``lax.ragged_all_to_all`` gives: ``d_x`` right (the op
+    again, the routing transposed), but ``output``'s cotangent masked by a running sum of +1 at each
+    received group's offset (a scatter that *sets*) and -1 at its end (a scatter that *adds*), and
+    zeroed where the sum is ``zeroed``: ``"above_zero"`` (``lax.select`` of the int32 sum, as JAX
+    0.10 to 0.12 write it: a sum of -1 keeps the cotangent) or ``"not_zero"`` (``jnp.where``, as
+    JAX 0.6 wrote it). A group of zero rows sets +1 and takes -1 at one row: where its offset meets
+    another group's rows, that group's mark is cancelled (or its end taken twice), and the cotangent
+    of rows a group wrote passes through, or of rows none wrote is zeroed."""
+    n = axis_size
+    d_x, _ = vjp_reference(x, output, input_offsets, send_sizes, output_offsets, recv_sizes, ct)
+    cts = ct.reshape(n, -1, *ct.shape[1:])
+    slots = cts.shape[1]
+    ss, oo = (a.reshape(n, n).astype(np.int64) for a in (send_sizes, output_offsets))
+    d_output = cts.copy()
+    for j in range(n):
+        mark = np.zeros(slots, np.int64)
+        starts = oo[:, j]
+        mark[starts[(starts >= 0) & (starts < slots)]] = 1
+        for end in starts + ss[:, j]:
+            if 0 <= end < slots:
+                mark[end] -= 1
+        running = np.cumsum(mark)
+        d_output[j][running > 0 if zeroed == "above_zero" else running != 0] = 0
+    return d_x, d_output.reshape(output.shape)
+
+
+_JAX_TRANSPOSE = (
+    "JAX's own transpose of lax.ragged_all_to_all (its mask of output's cotangent, a running sum of +1 "
+    "set at each group's offset and -1 added at its end, which a group of zero rows cancels where its "
+    "offset meets another group's rows; zeroed where the sum is {}: "
+    "conformance.specs.ragged_all_to_all.jax_transpose_vjp)"
+)
+
+#: The gradients' mistakes the gradients check names.
+VJP_KNOWN_MISTAKES = (
+    KnownMistake(
+        _JAX_TRANSPOSE.format("above 0, as JAX 0.10 to 0.12 write it"),
+        functools.partial(jax_transpose_vjp, zeroed="above_zero"),
+    ),
+    KnownMistake(
+        _JAX_TRANSPOSE.format("not 0, as JAX 0.6 wrote it"),
+        functools.partial(jax_transpose_vjp, zeroed="not_zero"),
+    ),
+)
+
+
 def _x_shape(d: Dims, n: int) -> tuple[int, int]:
     return (n * d["rows_per_shard"], d["cols"])
 
@@ -340,6 +390,7 @@ RAGGED_ALL_TO_ALL = FamilySpec(
     bench_dims=lambda rows: {"rows_per_shard": rows, "out_rows_per_shard": rows, "cols": 128, "routing": 0},
     block_unit="group",
     known_mistakes=KNOWN_MISTAKES,
+    vjp_known_mistakes=VJP_KNOWN_MISTAKES,
 )
 
 #: This module's family (:mod:`conformance.specs` collects it).

@@ -12,3 +12,19 @@
 May import: the core modules (``compat``, ``session``, ``native_logs``) and ``fixtures``; nothing
 that runs a check, reports or drives pytest.
 """
+
+import os
+from collections.abc import Callable
+
+
+def environment_defaults(values: dict[str, str]) -> Callable[[], None]:
+    """Set each of ``values`` in ``os.environ`` where it is unset (this process and those it starts);
+    returns the closure that removes what it set."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+
+    def undo() -> None:
+        for key in added:
+            os.environ.pop(key, None)
+
+    return undo

@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from conformance import compat, native_logs
+from conformance import native_logs, targets
 from conformance.fixtures.meshes import MeshConfig, mesh_over
 from conformance.targets import compilation_cache, target_compiles
 from conformance.targets.tpu_compiler import CompilerRefusal, first_lines
@@ -126,7 +126,7 @@ def deviceless_start() -> Callable[[], None]:
     libraries is worth its words). Returns the closure that undoes it."""
     if plugin_version() is None or nvidia_gpus_here():
         return lambda: None
-    return compat.environment_defaults(DEVICELESS_START)
+    return targets.environment_defaults(DEVICELESS_START)
 
 
 def configure_from_environment() -> None:

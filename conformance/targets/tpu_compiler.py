@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from conformance import compat
+from conformance import compat, targets
 from conformance.fixtures.meshes import MeshConfig, mesh_over, mesh_over_axis_types
 from conformance.targets import compilation_cache, target_compiles
 
@@ -71,7 +71,7 @@ def chipless_start() -> Callable[[], None]:
     process and those it starts); a TPU VM is left as it is. Returns the closure that undoes it."""
     if compat.tpu_chips_here():
         return lambda: None
-    return compat.environment_defaults(CHIPLESS_START)
+    return targets.environment_defaults(CHIPLESS_START)
 
 
 def libtpu_version() -> str | None:

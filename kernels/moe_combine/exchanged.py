@@ -1,7 +1,8 @@
 """MoE combine as a permute, one ragged all-to-all back and a weighted sum (:mod:`conformance.kernels._moe`),
-with the exchange done by XLA's own ``lax.ragged_all_to_all`` (the baseline: TPU and GPU run it, XLA:CPU
-does not), or by a padded dense ``all_to_all`` (every backend runs it; the ragged all-to-all
-family's ring of ``ppermute`` shifts would plug in the same way).
+with the exchange done by XLA's own ``lax.ragged_all_to_all`` (the baseline: TPU and GPU run it; on CPU,
+where XLA:CPU cannot, the suite's exact emulation of it, labelled), or by a padded dense
+``all_to_all`` (every backend runs it; the ragged all-to-all family's ring of ``ppermute`` shifts
+would plug in the same way).
 
 Each token's ``k`` rows are summed in float32, weighted, and rounded once to the rows' dtype, as the
 baseline does.
@@ -40,7 +41,6 @@ xla_moe_combine = conformance.register(
     "moe_combine",
     name="xla_moe_combine",
     baseline=True,
-    platforms=("tpu", "gpu"),
     differentiable=True,
     description="permute to sender-major, lax.ragged_all_to_all back, weighted sum in float32",
 )(_combine("xla_moe_combine", _moe.xla_exchange))

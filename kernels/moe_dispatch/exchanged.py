@@ -1,7 +1,8 @@
 """MoE dispatch as a sort, one ragged all-to-all and a permute (:mod:`conformance.kernels._moe`), with
-the exchange done by XLA's own ``lax.ragged_all_to_all`` (the baseline: TPU and GPU run it, XLA:CPU does
-not), or by a padded dense ``all_to_all`` (every backend runs it; the ragged all-to-all
-family's ring of ``ppermute`` shifts would plug in the same way).
+the exchange done by XLA's own ``lax.ragged_all_to_all`` (the baseline: TPU and GPU run it; on CPU,
+where XLA:CPU cannot, the suite's exact emulation of it, labelled), or by a padded dense
+``all_to_all`` (every backend runs it; the ragged all-to-all family's ring of ``ppermute`` shifts
+would plug in the same way).
 
 The baseline is what an MoE layer in JAX writes without a kernel (MaxText's and Levanter's ragged
 paths): the op and two local permutes. The dense form is the same steps around the ragged all-to-all
@@ -40,9 +41,8 @@ xla_moe_dispatch = conformance.register(
     "moe_dispatch",
     name="xla_moe_dispatch",
     baseline=True,
-    platforms=("tpu", "gpu"),
     differentiable=True,
-    description="sort, lax.ragged_all_to_all, permute to expert-major (XLA:CPU does not run the op)",
+    description="sort, lax.ragged_all_to_all, permute to expert-major (on CPU: the suite's exact emulation of the op)",
 )(_dispatch("xla_moe_dispatch", _moe.xla_exchange))
 
 dense_moe_dispatch = conformance.register(

@@ -1,0 +1,156 @@
+"""XLA's ragged all-to-all on CPU (:mod:`conformance.targets.cpu_ragged_all_to_all`): the emulation is
+the op bit for bit on every routing of the family, forward and transposed, on rings of 1, 3, 4 and 8;
+a process after the suite is untouched; a verdict of a check that ran it says so; and the gradient
+JAX's own transpose of the op gives is named where a kernel inherits it."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import conformance
+from conformance import checks, compat
+from conformance.fixtures.meshes import parse_mesh
+from conformance.run.outcomes import run_here
+from conformance.runner import Case
+from conformance.session import Session
+from conformance.specs import ragged_all_to_all as spec
+from conformance.targets import cpu_ragged_all_to_all
+
+pytestmark = pytest.mark.selftest
+
+
+@pytest.fixture(autouse=True)
+def the_emulation() -> None:
+    """Asked at run time, not at collection (the probe compiles on the CPU backend)."""
+    if not cpu_ragged_all_to_all.emulating():
+        pytest.skip(f"nothing is emulated here: XLA:CPU runs the op ({jax.__version__})")
+
+
+def _program(n: int):
+    mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
+    return jax.jit(
+        jax.shard_map(
+            lambda *blocks: lax.ragged_all_to_all(*blocks, axis_name="x"),
+            mesh=mesh,
+            in_specs=(P("x"),) * 6,
+            out_specs=P("x"),
+        )
+    )
+
+
+def _operands(kind: int, n: int, dtype: str) -> tuple[np.ndarray, ...]:
+    dims = {"routing": kind, "rows_per_shard": 7, "out_rows_per_shard": 9, "cols": 3}
+    routing = [a.reshape(-1).astype(np.int32) for a in spec.routing(dims, n)]
+    rng = np.random.default_rng([kind, n])
+    x = rng.integers(-100, 100, size=(n * 7, 3)).astype(dtype)
+    output = rng.integers(-100, 100, size=(n * 9, 3)).astype(dtype)
+    return (x, output, *routing)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 8])
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_the_emulation_is_the_op_on_every_routing_forward_and_transposed(n: int, dtype: str) -> None:
+    program = _program(n)
+    for kind in range(len(spec.ROUTINGS)):
+        operands = _operands(kind, n, dtype)
+        got = np.asarray(program(*operands))
+        want = spec.reference(*(a.astype(np.float64) for a in operands), axis_size=n)
+        assert np.array_equal(got.astype(np.float64), want), (kind, n)
+        cotangent = np.random.default_rng(kind).standard_normal(got.shape).astype(np.float32)
+        if dtype != "float32":
+            continue
+        _, pullback = jax.vjp(lambda x, out, ops=operands: program(x, out, *ops[2:]), *operands[:2])
+        d_x, d_output = (np.asarray(g, np.float64) for g in pullback(cotangent))
+        inputs64 = tuple(a.astype(np.float64) for a in operands)
+        exact = spec.vjp_reference(*inputs64, cotangent.astype(np.float64))
+        # what JAX's own transpose gives: d_x exact; d_output its mask's (exact where no group of zero
+        # rows meets another group's rows)
+        jax_gives = [
+            spec.jax_transpose_vjp(*inputs64, cotangent.astype(np.float64), axis_size=n, zeroed=zeroed)[1]
+            for zeroed in ("above_zero", "not_zero")  # JAX 0.10 on, and JAX 0.6
+        ]
+        assert np.array_equal(d_x, exact[0]), (kind, n)
+        assert any(np.array_equal(d_output, gives) for gives in jax_gives), (kind, n)
+
+
+def test_after_the_suite_the_process_is_untouched() -> None:
+    """The undo restores XLA:CPU's own answer; the install that the run made is back after."""
+    program, operands = _program(2), _operands(0, 2, "float32")
+    undo = cpu_ragged_all_to_all.install()  # installed already by the plugin: a no-op
+    undo()
+    assert cpu_ragged_all_to_all.emulating(), "an inner install's undo removed the run's emulation"
+    rules, _, _ = compat.cpu_lowering_rules()
+    ours = rules.pop(cpu_ragged_all_to_all._primitive())
+    try:
+        jax.clear_caches()
+        with pytest.raises(Exception, match="ragged"):
+            program(*operands)
+        undo = cpu_ragged_all_to_all.install()
+        assert np.asarray(program(*operands)).shape == (2 * 9, 3)
+        undo()
+        with pytest.raises(Exception, match="ragged"):
+            program(*operands)
+    finally:
+        rules[cpu_ragged_all_to_all._primitive()] = ours
+        jax.clear_caches()
+
+
+def test_a_verdict_that_ran_the_op_says_so_and_one_that_did_not_does_not() -> None:
+    mesh = parse_mesh("4-x-auto")
+    for impl, emulated in (("xla_ragged_all_to_all", True), ("dense_ragged_all_to_all", False)):
+        case = Case.make("ragged_all_to_all", impl, mesh, dict(spec.SPEC.canonical_dims), "float32")
+        outcome = run_here(checks.CHECKS["values"], case, Session())
+        assert outcome.verdict == "passed", outcome.message
+        assert outcome.emulated == (cpu_ragged_all_to_all.LABEL if emulated else ""), impl
+        lowered = run_here(checks.CHECKS["cross_lowering"], case, Session())
+        assert lowered.emulated == "", "a check that only lowers for TPU and GPU ran nothing emulated"
+
+
+def _users_exchange(x, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, mesh, axis_name):
+    """A kernel of one's own on XLA's op, differentiated through JAX's transpose of it."""
+    return jax.shard_map(
+        lambda *blocks: lax.ragged_all_to_all(*blocks, axis_name=axis_name),
+        mesh=mesh,
+        in_specs=(P(axis_name),) * 6,
+        out_specs=P(axis_name),
+    )(x, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+
+
+def test_a_kernel_on_the_op_inherits_jax_transpose_named_and_the_baseline_is_not_judged() -> None:
+    name = "users_exchange_on_xla_op"
+    if name not in conformance.implementations("ragged_all_to_all"):
+        conformance.register("ragged_all_to_all", name=name, differentiable=True)(_users_exchange)
+    dims = {"rows_per_shard": 5, "out_rows_per_shard": 2, "cols": 1, "routing": 0}
+    mesh = parse_mesh("3-x-explicit")  # device 0 receives a group of zero rows where another lands
+    theirs = run_here(
+        checks.CHECKS["gradients"], Case.make("ragged_all_to_all", name, mesh, dims, "float32"), Session()
+    )
+    assert theirs.verdict == "failed", theirs.message
+    assert "known mistake  : the gradients are exactly what JAX's own transpose" in theirs.message
+    assert theirs.emulated == cpu_ragged_all_to_all.LABEL and "emulated       : " in theirs.message
+    baseline = Case.make("ragged_all_to_all", "xla_ragged_all_to_all", mesh, dims, "float32")
+    said = run_here(checks.CHECKS["gradients"], baseline, Session())
+    assert said.verdict == "not_judged" and "JAX's own transpose" in said.message, said.message
+
+
+def test_a_kernel_on_the_op_meets_the_ops_pod_limit_not_judged_as_the_baseline_does() -> None:
+    """libtpu refuses XLA's ragged all-to-all on v5e slices of 64 chips (limited ICI routing): for a
+    kernel that calls the op that is the platform's limit, as for the baseline, not a failure."""
+    from conformance.checks import tpu_pod
+    from conformance.targets import tpu_compiler
+
+    if not tpu_compiler.available():
+        pytest.skip(f"no TPU compiler here: {tpu_compiler.unavailable_reason()}")
+    name = "users_exchange_on_xla_op"
+    if name not in conformance.implementations("ragged_all_to_all"):
+        conformance.register("ragged_all_to_all", name=name, differentiable=True)(_users_exchange)
+    dims = dict(spec.SPEC.tpu_native_dims)
+    case = Case.make("ragged_all_to_all", name, parse_mesh(tpu_pod.POD_MESHES[0]), dims, "bfloat16")
+    said = run_here(checks.CHECKS["tpu_pod"], case, Session())
+    assert said.verdict in ("not_judged", "passed"), said.message
+    if said.verdict == "not_judged":  # a libtpu that compiles the op there passes it
+        assert "the kernel calls XLA's ragged all-to-all" in said.message, said.message
