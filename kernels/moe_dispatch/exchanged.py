@@ -42,7 +42,7 @@ xla_moe_dispatch = conformance.register(
     name="xla_moe_dispatch",
     baseline=True,
     differentiable=True,
-    description="sort, lax.ragged_all_to_all, permute to expert-major (on CPU: the suite's exact emulation of the op)",
+    description="sort, lax.ragged_all_to_all, permute to expert-major (on CPU: the op emulated, exact)",
 )(_dispatch("xla_moe_dispatch", _moe.xla_exchange))
 
 dense_moe_dispatch = conformance.register(
