@@ -170,6 +170,9 @@ class Session:
         #: compiler's refusal, or that it timed out
         #: (:func:`conformance.targets.target_compiles.compile_lowered`).
         self.target_compiles: dict[str, Any] = {}
+        #: (family, implementation) -> whether its program binds XLA's ragged all-to-all
+        #: (:func:`conformance.targets.cpu_ragged_all_to_all.implementation_calls_the_op`).
+        self.calls_ragged_all_to_all: dict[tuple[str, str], bool] = {}
         #: This process's place in a multi-process job's exchanges (:class:`Agreement`).
         self.agreement = Agreement()
         #: The implementation, mesh and platform whose programs the runner holds

@@ -116,7 +116,9 @@ def run_here(check: Check, case: Case, session: session_lib.Session) -> CheckOut
     a check that ran XLA's ragged all-to-all emulated on CPU says so (its ``emulated``, and a line of
     its failure's message)."""
     outcome = _run_here(check, case, session)
-    if isinstance(case, Case) and _ran_emulated(check, case):
+    with session.active():  # what it knows of the implementation's program is on the session
+        emulated = isinstance(case, Case) and _ran_emulated(check, case)
+    if emulated:
         outcome.emulated = cpu_ragged_all_to_all.LABEL
         if outcome.verdict == "failed":
             outcome.message += f"\n  emulated       : {cpu_ragged_all_to_all.LABEL}"

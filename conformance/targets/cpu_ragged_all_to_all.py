@@ -231,21 +231,17 @@ def implementation_calls_the_op(case: Any, *, mesh: Any = None) -> bool:
     first case asked about, on ``mesh`` where given (a topology's): one implementation's code path
     calls the op for every case or none). A kernel that does not trace is not known to (its checks
     say why), and is asked again next time."""
-    key = (case.family, case.impl)
-    if key not in _CALLS_THE_OP:
-        from conformance import runner
+    from conformance import runner, session
 
+    key, known = (case.family, case.impl), session.current().calls_ragged_all_to_all
+    if key not in known:
         fn = runner.jitted_for(case) if mesh is None else runner.kernel_on(case, mesh)
         try:
             traced = jax.make_jaxpr(fn)(*runner.abstract_args(case, mesh=mesh))
         except Exception:
             return False
-        _CALLS_THE_OP[key] = calls_the_op(traced)
-    return _CALLS_THE_OP[key]
-
-
-#: (family, implementation) -> whether it binds the op, in this process.
-_CALLS_THE_OP: dict[tuple[str, str], bool] = {}
+        known[key] = calls_the_op(traced)
+    return known[key]
 
 
 def _subjaxprs(params: dict[str, Any]) -> Iterator[Any]:
