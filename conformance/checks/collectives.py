@@ -396,8 +396,7 @@ CHECKS = (
         check_lowered_bytes,
         concern="program",
         tables=lambda records: byte_table(
-            "16- and 8-bit: bytes received per device / bound (modules lowered for each target; for "
-            "TPU, where libtpu is installed, compiled by the real TPU compiler)",
+            "16- and 8-bit: bytes received per device / bound (modules lowered for each target)",
             records,
         ),
         # what a narrow pass moves turns on the dtype (a cast before a transfer) and grows with the hops:
