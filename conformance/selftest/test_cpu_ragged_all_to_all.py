@@ -154,3 +154,22 @@ def test_a_kernel_on_the_op_meets_the_ops_pod_limit_not_judged_as_the_baseline_d
     assert said.verdict in ("not_judged", "passed"), said.message
     if said.verdict == "not_judged":  # a libtpu that compiles the op there passes it
         assert "the kernel calls XLA's ragged all-to-all" in said.message, said.message
+
+
+def test_a_kernel_on_the_op_is_not_held_to_the_emulations_collectives() -> None:
+    """The emulation moves a padded block per peer, within the family's bound: a MoE dispatch written
+    on the op (the baseline's code under a kernel's name) passes collectives and backward collectives
+    on CPU, labelled, as the baseline does."""
+    from conformance import registry
+
+    name = "users_dispatch_on_xla_op"
+    if name not in conformance.implementations("moe_dispatch"):
+        conformance.register("moe_dispatch", name=name, differentiable=True)(
+            registry.get("moe_dispatch", "xla_moe_dispatch").fn
+        )
+    dims = dict(registry.spec_of("moe_dispatch", name).canonical_dims)
+    case = Case.make("moe_dispatch", name, parse_mesh("8-x-auto"), dims, "float32")
+    for check in ("collectives", "backward_collectives"):
+        said = run_here(checks.CHECKS[check], case, Session())
+        assert said.verdict == "passed", said.message
+        assert said.emulated == cpu_ragged_all_to_all.LABEL, check

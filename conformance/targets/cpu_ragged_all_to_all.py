@@ -23,9 +23,10 @@ reads):
 No arithmetic: the result is the op's bit for bit on every routing the op defines (groups that
 overlap, or run past a buffer, are the caller's error for the op and here alike). Its transpose is
 JAX's own (the op again, with the routing transposed), so gradients go through the same lowering.
-What it moves is not what the op moves (a padded block per peer, not the groups); the collectives
-and bytes of a kernel that calls the op are read from the modules lowered or compiled for TPU and
-GPU, where the op is the op.
+What it moves is not what the op moves (a padded block of ``min(R, S)`` rows per peer, not the
+groups: what the ragged family's byte bound allows a padded dense exchange): a check that reads the
+module compiled for the host counts the emulation's all-to-alls, and its verdict says the op ran
+emulated; the modules lowered and compiled for TPU and GPU hold the op itself.
 """
 
 from __future__ import annotations
