@@ -176,6 +176,10 @@ def test_impl_filters_the_suites_fixed_tests(tmp_path: Path) -> None:
     assert ids and all("opt_gather" in i for i in ids), [i for i in ids if "opt_gather" not in i][:5]
 
 
+#: The TPU compile tier's checks on meshes of their own.
+OWN_MESH_TIER_CHECKS = ("tpu_schedule", "tpu_memory", "tpu_pod", "tpu_bytes")
+
+
 def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tmp_path: Path) -> None:
     """``--meshes`` takes any mesh the run's devices hold (standard or not: a ring of 6, a 3-D mesh):
     every test over a set of standard meshes runs on exactly those, in all its variants; a check's own
@@ -198,17 +202,8 @@ def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tm
     def on(test_id: str) -> set[str]:
         return {label for label in labels if f"-{label}-" in test_id or f"-{label}]" in test_id}
 
-    def own(test_id: str) -> bool:  # a check with meshes of its own
-        return any(
-            f"::{name}[" in test_id
-            for name in (
-                "test_eager",
-                "test_tpu_schedule",
-                "test_tpu_memory",
-                "test_tpu_pod",
-                "test_tpu_bytes",
-            )
-        )
+    def own(test_id: str) -> bool:  # a check with meshes of its own: eager's, the compile tiers'
+        return any(f"::test_{name}[" in test_id for name in ("eager", *OWN_MESH_TIER_CHECKS))
 
     without = {t for t in every if not on(t)}
     assert without and without <= kept, "the tests that take no mesh (send_recv's) must stay"
