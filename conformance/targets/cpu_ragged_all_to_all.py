@@ -3,7 +3,7 @@
 XLA:TPU and XLA:GPU run ``lax.ragged_all_to_all``; XLA:CPU answers "UNIMPLEMENTED: HLO opcode
 `ragged-all-to-all` is not supported by XLA:CPU ThunkEmitter" (JAX 0.6.2 to 0.12 alike). A kernel
 that moves its tokens with XLA's own op, as MoE layers do, would get no verdict on the machine the
-suite runs on. So while the suite runs (:func:`installed`), and only where the probe
+suite runs on. So while the suite runs (:func:`install`, undone at its end), and only where the probe
 (:func:`cpu_lacks_the_op`) finds XLA:CPU without the op, the op's primitive gets a CPU lowering of
 its own: :func:`emulated`, built from collectives XLA:CPU runs. A later XLA:CPU that runs the op
 is used as it is, and the lowering for TPU and GPU is never touched: the compile tiers judge the
@@ -31,7 +31,6 @@ emulated; the modules lowered and compiled for TPU and GPU hold the op itself.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import math
@@ -51,9 +50,6 @@ LABEL = (
     "XLA's ragged-all-to-all ran emulated on CPU (all-to-alls of padded groups and a masked scatter, "
     "exact: conformance.targets.cpu_ragged_all_to_all), as XLA:CPU cannot run it"
 )
-#: The emulation's function name, which the lowered module keeps (a call to it) and the compiled
-#: module's metadata names: how a program is known to have run it.
-FUNCTION_NAME = "conformance_emulated_ragged_all_to_all"
 
 
 def _primitive() -> Any:
@@ -120,7 +116,9 @@ def _lowering(ctx: Any, *args: Any, axis_name: Any, axis_index_groups: Any) -> A
         raise NotImplementedError("ragged_all_to_all emulated on CPU: axis_index_groups is not supported")
     size = _axis_size(ctx, axis_name)
 
-    def conformance_emulated_ragged_all_to_all(*operands: jax.Array) -> jax.Array:  # FUNCTION_NAME
+    # a function of its own, by name: the module lowered for CPU calls it, and the compiled module's
+    # metadata names it at each collective it holds (for a reader of the HLO)
+    def conformance_emulated_ragged_all_to_all(*operands: jax.Array) -> jax.Array:
         return emulated(*operands, axis_name=axis_name, axis_size=size)
 
     called = jax.jit(conformance_emulated_ragged_all_to_all, inline=False)
@@ -208,16 +206,6 @@ def emulating() -> bool:
     return rule_of(rules.get(_primitive())) is _lowering and cpu_lacks_the_op() is not None
 
 
-@contextlib.contextmanager
-def installed() -> Iterator[bool]:
-    """Within the block, the op runs emulated on CPU where XLA:CPU lacks it (yields whether it does)."""
-    undo = install()
-    try:
-        yield emulating()
-    finally:
-        undo()
-
-
 def calls_the_op(jaxpr: Any) -> bool:
     """Whether a (closed) jaxpr binds the op, in any sub-jaxpr (shard_map, jit, loops, custom_vjp)."""
     inner = getattr(jaxpr, "jaxpr", jaxpr)
@@ -228,7 +216,7 @@ def calls_the_op(jaxpr: Any) -> bool:
 
 
 def implementation_calls_the_op(case: Any, *, mesh: Any = None) -> bool:
-    """Whether ``case``'s implementation binds the op (its program traced once per process, at the
+    """Whether ``case``'s implementation binds the op (its program traced once per session, at the
     first case asked about, on ``mesh`` where given (a topology's): one implementation's code path
     calls the op for every case or none). A kernel that does not trace is not known to (its checks
     say why), and is asked again next time."""
@@ -250,8 +238,3 @@ def _subjaxprs(params: dict[str, Any]) -> Iterator[Any]:
         for item in value if isinstance(value, (tuple, list)) else (value,):
             if hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns"):
                 yield item
-
-
-def ran_in(module_text: str) -> bool:
-    """Whether a lowered or compiled module holds the emulation (its function, or ops it named)."""
-    return FUNCTION_NAME in module_text
