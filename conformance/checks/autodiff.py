@@ -22,7 +22,7 @@ from conformance.checks.base import (
     fail,
     keeping,
 )
-from conformance.checks.collectives import ByteRecord, byte_table
+from conformance.checks.collectives import ByteRecord, as_the_op_moves_them, byte_table
 from conformance.runner import Case
 
 
@@ -234,14 +234,14 @@ def check_backward_collectives(case: Case) -> ByteRecord:
         lowered[target] = hlo.parse_stablehlo(text)
     audit = BackwardAudit(summary, lowered)
     n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
-    received = summary.received_bytes_per_device()
+    received, counted = as_the_op_moves_them(case, summary, backward=True, check="backward_collectives")
     bound = spec.backward_max_received_bytes(case.dims_map, n, itemsize)
-    record = ByteRecord.of(case, summary, bound)
+    record = ByteRecord.of(case, summary, bound, received=received)
     if impl.baseline:
         return record
     with keeping([record]):
         allowed = spec.backward_allowed_collectives
-        ops = [f"  {op.describe()}" for op in summary.ops] or ["  (none)"]
+        ops = [f"  {op.describe()}" for op in summary.ops] + counted or ["  (none)"]
         problems = audit.forbidden(allowed)
         if problems:
             allowed_text = ", ".join(sorted(allowed)) or "none"

@@ -24,7 +24,7 @@ from conformance.checks.base import (
     records_of,
 )
 from conformance.runner import Case
-from conformance.targets import gpu_compiler, mosaic, tpu_compiler
+from conformance.targets import cpu_ragged_all_to_all, gpu_compiler, mosaic, tpu_compiler
 
 #: The TPU bytes' mesh: the longest ring's 8 chips as one v5e slice.
 TPU_BYTES_MESHES = ("8-x-explicit",)
@@ -44,13 +44,21 @@ class ByteRecord:
 
     @classmethod
     def of(
-        cls, case: Case, summary: hlo.CollectiveSummary, bound: int, *, where: str | None = None
+        cls,
+        case: Case,
+        summary: hlo.CollectiveSummary,
+        bound: int,
+        *,
+        where: str | None = None,
+        received: int | str | None = "of the summary",
     ) -> ByteRecord:
         """The record of ``summary``, one module of ``case`` (``where``: its mesh, or what else
-        names the module), against ``bound``."""
+        names the module), against ``bound``; ``received`` where it is not the summary's own count
+        (XLA's ragged all-to-all counted as it moves: :func:`as_the_op_moves_them`)."""
         ops = tuple(op.describe() for op in summary.ops)
         mesh = where or case.mesh.label
-        return cls(case.family, case.impl, mesh, case.dtype, summary.received_bytes_per_device(), bound, ops)
+        got = summary.received_bytes_per_device() if received == "of the summary" else received
+        return cls(case.family, case.impl, mesh, case.dtype, got, bound, ops)  # type: ignore[arg-type]
 
     @property
     def ratio(self) -> float | None:
@@ -81,7 +89,9 @@ def check_collectives(case: Case) -> ByteRecord | None:
     spec, impl = case.spec, case.implementation
     summary = compiled_collectives(case)
     n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
-    record = ByteRecord.of(case, summary, spec.min_received_bytes(case.dims_map, n, itemsize))
+    received, counted = as_the_op_moves_them(case, summary, backward=False, check="collectives")
+    minimum = spec.min_received_bytes(case.dims_map, n, itemsize)
+    record = ByteRecord.of(case, summary, minimum, received=received)
     kept = None if impl.pallas and not summary.ops else record  # a DMA-only kernel's bytes are invisible
     if impl.baseline:
         return kept
@@ -89,11 +99,18 @@ def check_collectives(case: Case) -> ByteRecord | None:
     allowed = allowed_collectives(case)
     bad = hlo.disallowed(summary, allowed)
     with keeping(records_of(kept)):
-        _judge(case, summary, ops, allowed, bad)
+        _judge(case, summary, ops + counted, allowed, bad, received)
     return kept
 
 
-def _judge(case: Case, summary: hlo.CollectiveSummary, ops: list[str], allowed: frozenset[str], bad) -> None:
+def _judge(
+    case: Case,
+    summary: hlo.CollectiveSummary,
+    ops: list[str],
+    allowed: frozenset[str],
+    bad,
+    received: int | None,
+) -> None:
     spec, impl = case.spec, case.implementation
     n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
     if bad:
@@ -116,7 +133,7 @@ def _judge(case: Case, summary: hlo.CollectiveSummary, ops: list[str], allowed: 
         case,
         "collectives",
         "a device receives more than the family allows",
-        summary.received_bytes_per_device(),
+        received,
         bound,
         spec.byte_bound_text,
         ops,
@@ -182,9 +199,11 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
             if over and not impl.pallas:
                 host = call_kernel(case, "lowered_bytes", lambda c=compile_on_host: c().as_text())
                 summary, removed = hlo.less_what_compiling_removes(summary, hlo.parse_hlo(host))
-            received = summary.received_bytes_per_device()
-            record = ByteRecord.of(case, summary, bound, where=f"{case.mesh.label} {target} {name}")
-            records.append(record)
+            received, counted = as_the_op_moves_them(
+                runner.lowered_case(case, target), summary, backward=name == "backward", check="lowered_bytes"
+            )
+            where = f"{case.mesh.label} {target} {name}"
+            records.append(ByteRecord.of(case, summary, bound, where=where, received=received))
             if not impl.baseline:
                 check_byte_bound(
                     case,
@@ -194,6 +213,7 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
                     bound,
                     bound_text,
                     [f"  {op.describe()}" for op in summary.ops]
+                    + counted
                     + (
                         ["  not counted, as the host's compile of the same program removes them:", *removed]
                         if removed
@@ -272,7 +292,8 @@ def _compiled_module_bytes(
         flags = getattr(module, "flags", "compiler defaults")
         under = "" if flags == "compiler defaults" else f"; {flags}"
         where = f"{case.mesh.label} {compiler.NAME.lower()} {name} compiled ({topology}{under})"
-        records.append(ByteRecord.of(case, summary, bound, where=where))
+        received, counted = as_the_op_moves_them(case, summary, backward=backward, check=check)
+        records.append(ByteRecord.of(case, summary, bound, where=where, received=received))
         if impl.baseline:
             continue
         ops = [f"  {op.describe()}" for op in summary.ops]
@@ -295,12 +316,78 @@ def _compiled_module_bytes(
             check,
             f"the {name} pass compiled for {compiler.NAME} ({topology}) moves more {case.dtype} bytes than "
             "its math needs",
-            summary.received_bytes_per_device(),
+            received,
             bound,
             spec.backward_byte_bound_text if backward else spec.byte_bound_text,
-            ops,
+            ops + counted,
             module=f"module the {compiler.NAME} compiler compiled for {topology}",
         )
+
+
+def as_the_op_moves_them(
+    case: Case, summary: hlo.CollectiveSummary, *, backward: bool, check: str
+) -> tuple[int | None, list[str]]:
+    """The bytes a device receives per call in ``summary`` (a module of ``case``'s forward or backward
+    pass), with XLA's ragged all-to-all counted as the op moves them: its groups' rows from the other
+    devices, as their senders size them, and nothing else. A module's text gives only the op's buffers
+    (its sizes are data, and a TPU module's shapes are padded to its tiles), so the groups are counted
+    in a run of the same pass on CPU (:func:`conformance.targets.cpu_ragged_all_to_all.delivered_by`),
+    the device that receives most. Returns the count and the lines that say how it was made (none
+    where the module holds no such op)."""
+
+    def through_the_op(op: hlo.CollectiveOp) -> bool:
+        return op.kind == "ragged-all-to-all" or cpu_ragged_all_to_all.is_the_emulations(op.op_name)
+
+    ragged = [op for op in summary.ops if through_the_op(op)]
+    if not ragged:
+        return summary.received_bytes_per_device(), []
+    emulated = ragged[0].kind != "ragged-all-to-all"
+    what = (
+        "ragged-all-to-all (emulated here: the all-to-alls its function holds)"
+        if emulated
+        else "ragged-all-to-all"
+    )
+    buffers = sum(op.received_bytes() * (op.multiplicity or 0) for op in ragged)
+    delivered, why_not = _delivered(case, backward=backward, check=check)
+    if delivered is None:
+        return summary.received_bytes_per_device(), [
+            f"  {what} counted as its buffers ({buffers} bytes): {why_not}"
+        ]
+    others = hlo.CollectiveSummary(tuple(op for op in summary.ops if not through_the_op(op)))
+    rest = others.received_bytes_per_device()
+    device, most = delivered.most_received
+    return None if rest is None else rest + most, [
+        f"  {what} counted as the op moves them: {most} bytes of its groups' rows to the device that "
+        f"receives most (the one at {device}), in a run of this case on CPU ({delivered.calls} calls; "
+        f"{'the emulation moves' if emulated else 'its buffers'}: {buffers} bytes)"
+    ]
+
+
+def _delivered(
+    case: Case, *, backward: bool, check: str
+) -> tuple[cpu_ragged_all_to_all.Delivered | None, str]:
+    """What XLA's ragged all-to-all delivers in a run of ``case``'s pass on CPU, or why no run counts it."""
+    import jax
+
+    if not cpu_ragged_all_to_all.installed():
+        return None, "no run counts its groups outside the suite's run (its CPU lowering is not installed)"
+    if jax.process_count() > 1:
+        return None, f"a run in a job of {jax.process_count()} processes counts each process's devices alone"
+    if case.mesh.num_devices > len(jax.devices("cpu")):
+        return (
+            None,
+            f"this host has {len(jax.devices('cpu'))} CPU devices, the case's mesh {case.mesh.num_devices}",
+        )
+    inputs = runner.place(case, runner.make_inputs(case))
+    if backward:
+        cotangent = jax.device_put(runner.make_cotangent(case), runner.expected_out_sharding(case))
+        program, operands = runner.jitted_pullback(case), (*inputs, cotangent)
+    else:
+        program, operands = runner.jitted_for(case), inputs
+    counted = call_kernel(case, check, lambda: cpu_ragged_all_to_all.delivered_by(program, *operands))
+    if not counted.calls:
+        return None, "the run on CPU made no call of it (the program XLA:CPU runs has none)"
+    return counted, ""
 
 
 def traced_as_every_target_gets_it(case: Case, check: str) -> None:

@@ -19,7 +19,9 @@ Bytes received per device follow the usual algorithm-independent accounting:
 * reduce-scatter and all-to-all: ``(g-1)/g`` of the operand, for group size g;
 * all-reduce: ``2 (g-1)/g`` of the operand (reduce-scatter then all-gather);
 * ragged-all-to-all: how many rows arrive is data, so its bound: the whole output buffer (its
-  result), which the senders may fill.
+  result), which the senders may fill. (The bytes checks count its groups in a run instead:
+  :func:`conformance.checks.collectives.as_the_op_moves_them`.) In StableHLO it is a custom call,
+  ``stablehlo.custom_call @ragged_all_to_all``, read in the one form JAX prints.
 
 Replica groups come in every form the supported XLAs print, each expanded to
 explicit device-id groups: the list ``{{0,1},{2,3}}``, the iota form

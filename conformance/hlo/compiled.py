@@ -323,6 +323,12 @@ def _split_phase(opcode: str) -> tuple[str, str]:
     return opcode, "sync"
 
 
+def _op_name(attrs: str) -> str:
+    """The ``op_name`` of an instruction's ``metadata={...}`` (``""`` where it has none)."""
+    m = re.search(r'metadata=\{[^}]*?\bop_name="(?P<name>(?:[^"\\]|\\.)*)"', attrs)
+    return m["name"] if m else ""
+
+
 def parse_hlo(text: str) -> CollectiveSummary:
     """Every collective in a compiled HLO module's text, with multiplicities."""
     return collectives_of(parse_module(text))
@@ -375,6 +381,7 @@ def collectives_of(module: HloModule) -> CollectiveSummary:
                     source_target_pairs=pairs,
                     replica_groups=replica_groups,
                     multiplicity=multiplicity[comp],
+                    op_name=_op_name(attrs),
                 )
             )
     return CollectiveSummary(tuple(ops))

@@ -94,6 +94,8 @@ class CollectiveOp:
     replica_groups: tuple[tuple[int, ...], ...] | None = None
     #: Times this op runs per call of the module; ``None`` if a loop bound is unknown.
     multiplicity: int | None = 1
+    #: The JAX op it came from (a compiled module's ``metadata={op_name=...}``; ``""`` where none).
+    op_name: str = ""
 
     @property
     def operand_bytes(self) -> int:

@@ -17,6 +17,13 @@ _STABLEHLO_OP = re.compile(
     r"(?P<result>%[\w#:]+(?:\s*,\s*%[\w#:]+)*)\s*=\s*\"?stablehlo\."
     r"(?P<op>all_gather|all_reduce|reduce_scatter|all_to_all|collective_permute|collective_broadcast)\b"
 )
+#: XLA's ragged all-to-all, which JAX lowers as a custom call (no StableHLO op of its own), in the one
+#: form JAX 0.6.2 to 0.12 print: ``%r = stablehlo.custom_call @ragged_all_to_all(%a, ...) {api_version
+#: = 4 : i32, backend_config = {channel_id = 1 : i64, replica_groups = dense<...> : tensor<..>}} :
+#: (types) -> type``.
+_RAGGED_CALL = re.compile(
+    r"(?P<result>%[\w#:]+)\s*=\s*stablehlo\.custom_call\s+@ragged_all_to_all\((?P<operands>[^)]*)\)\s*"
+)
 _STABLEHLO_TYPE = re.compile(r"tensor<(?P<dims>(?:\d+x)*)(?P<dtype>[a-z][a-z0-9]*)>")
 _MLIR_TO_HLO_DTYPE = {
     "f32": "f32",
@@ -322,4 +329,65 @@ def parse_stablehlo(text: str) -> CollectiveSummary:
                 multiplicity=multiplicity(m.start()),
             )
         )
+    ops.extend(_ragged_calls(text, multiplicity, counts))
     return CollectiveSummary(tuple(ops))
+
+
+def _ragged_calls(
+    text: str, multiplicity: Callable[[int], int | None], counts: dict[str, int]
+) -> list[CollectiveOp]:
+    """Each ``stablehlo.custom_call @ragged_all_to_all`` (:data:`_RAGGED_CALL`): its operand and result
+    types and its replica groups (cross-partition, as its channel id makes it). A custom call of that
+    target in any other form raises, quoting it."""
+    ops, found = [], {m.start() for m in _RAGGED_CALL.finditer(text)}
+    for m in re.finditer(r"custom_call\b[^\n]*ragged_all_to_all", text):
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        line = text[line_start : text.find("\n", m.start())]
+        match = _RAGGED_CALL.search(line)
+        if match is None or line_start + match.start() not in found:
+            raise _unknown("a custom call of XLA's ragged all-to-all in a form not listed", line.strip())
+        rest = line[match.end() :]
+        if not rest.startswith("{"):
+            raise _unknown("the ragged all-to-all custom call (no attribute dictionary)", line.strip())
+        attrs_end = _closing(rest, 0, "{", "}")
+        attrs = _stablehlo_attributes(rest[1 : attrs_end - 1])
+        config = attrs.get("backend_config", "")
+        if not (config.startswith("{") and config.endswith("}")):
+            raise _unknown("the ragged all-to-all's backend_config", line.strip())
+        inner = _stablehlo_attributes(config[1:-1])
+        sig = re.fullmatch(r"\s*:\s*\((?P<ins>[^)]*)\)\s*->\s*(?P<out>tensor<[^>]*>)\s*", rest[attrs_end:])
+        if "replica_groups" not in inner or not inner["replica_groups"].startswith("dense<") or not sig:
+            raise _unknown("the ragged all-to-all custom call (replica groups or types)", line.strip())
+        array = _dense_ints(inner["replica_groups"], "the ragged all-to-all's replica_groups")
+        groups = _participants(
+            _rows(array, array.shape[-1]) if array.size else (),
+            kind="ragged-all-to-all",
+            has_channel="channel_id" in inner,
+            global_ids=False,
+            replicas=counts["num_replicas"],
+            partitions=counts["num_partitions"],
+            text=inner["replica_groups"],
+        )
+
+        def shapes(types: str) -> tuple[Shape, ...]:
+            return tuple(
+                Shape(
+                    _MLIR_TO_HLO_DTYPE.get(t["dtype"], t["dtype"]),
+                    tuple(int(d) for d in t["dims"].split("x") if d),
+                )
+                for t in _STABLEHLO_TYPE.finditer(types)
+            )
+
+        ops.append(
+            CollectiveOp(
+                kind="ragged-all-to-all",
+                phase="sync",
+                name=match["result"],
+                computation="",
+                operand_shapes=shapes(sig["ins"]),
+                result_shapes=shapes(sig["out"]),
+                replica_groups=groups,
+                multiplicity=multiplicity(line_start + match.start()),
+            )
+        )
+    return ops

@@ -6,6 +6,7 @@ JAX's own transpose of the op gives is named where a kernel inherits it."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
@@ -18,7 +19,7 @@ from conformance.run.outcomes import run_here
 from conformance.runner import Case
 from conformance.session import Session
 from conformance.specs import ragged_all_to_all as spec
-from conformance.targets import cpu_ragged_all_to_all
+from conformance.targets import cpu_ragged_all_to_all, tpu_compiler
 
 pytestmark = pytest.mark.selftest
 
@@ -157,9 +158,9 @@ def test_a_kernel_on_the_op_meets_the_ops_pod_limit_not_judged_as_the_baseline_d
 
 
 def test_a_kernel_on_the_op_is_not_held_to_the_emulations_collectives() -> None:
-    """The emulation moves a padded block per peer, within the family's bound: a MoE dispatch written
-    on the op (the baseline's code under a kernel's name) passes collectives and backward collectives
-    on CPU, labelled, as the baseline does."""
+    """The emulation's all-to-alls in the module compiled for CPU count as the op's groups: a MoE
+    dispatch written on the op (the baseline's code under a kernel's name) passes collectives and
+    backward collectives on CPU, labelled, as the baseline does."""
     from conformance import registry
 
     name = "users_dispatch_on_xla_op"
@@ -173,3 +174,80 @@ def test_a_kernel_on_the_op_is_not_held_to_the_emulations_collectives() -> None:
         said = run_here(checks.CHECKS[check], case, Session())
         assert said.verdict == "passed", said.message
         assert said.emulated == cpu_ragged_all_to_all.LABEL, check
+
+
+def _whole_shard_through_the_op(
+    x, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, mesh, axis_name
+):
+    """Right values, too many bytes: every device's whole shard through XLA's op to every peer, each
+    receiver then cutting the groups meant for it (their senders' offsets and sizes exchanged)."""
+
+    def body(x, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+        n, rows = send_sizes.shape[0], x.shape[0]
+        me = lax.axis_index(axis_name)
+        everything = jnp.zeros((n * rows, *x.shape[1:]), x.dtype)
+        zeros, whole = jnp.zeros(n, jnp.int32), jnp.full(n, rows, jnp.int32)
+        shards = lax.ragged_all_to_all(
+            x,
+            compat.varying(everything, axis_name),
+            zeros,
+            whole,
+            jnp.full(n, me * rows, jnp.int32),
+            whole,
+            axis_name=axis_name,
+        )
+        start, size, at = (
+            lax.all_to_all(a, axis_name, 0, 0, tiled=True)
+            for a in (input_offsets, send_sizes, output_offsets)
+        )
+        step = jnp.arange(rows)
+        source = jnp.arange(n)[:, None] * rows + start[:, None] + step
+        target = jnp.where(step < size[:, None], at[:, None] + step, output.shape[0])
+        return output.at[target.reshape(-1)].set(
+            shards[jnp.clip(source, 0, n * rows - 1)].reshape(-1, *x.shape[1:]), mode="drop"
+        )
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name),) * 6, out_specs=P(axis_name))(
+        x, output, input_offsets, send_sizes, output_offsets, recv_sizes
+    )
+
+
+def test_the_ops_bytes_are_its_groups_and_a_kernel_that_ships_too_many_through_it_fails() -> None:
+    """A module's text gives XLA's ragged all-to-all's buffers (or, compiled for CPU, the emulation's
+    all-to-alls), not what it moves: counted in a run on CPU, the op's groups. A kernel on the op
+    passes the bytes where its output buffer alone is past the bound (a ring of 2, 16 output rows for
+    groups of at most 13), and its backward where the emulation's blocks are; one that moves every
+    shard whole through the op fails, its count named."""
+    for name, fn in (
+        ("users_exchange_on_xla_op", _users_exchange),
+        ("whole_shard_through_xla_op", _whole_shard_through_the_op),
+    ):
+        if name not in conformance.implementations("ragged_all_to_all"):
+            conformance.register("ragged_all_to_all", name=name, differentiable=True)(fn)
+    mesh, groups_within = parse_mesh("2-x-explicit"), {"rows_per_shard": 13, "out_rows_per_shard": 16}
+    shards_past = {"rows_per_shard": 13, "out_rows_per_shard": 8}  # 13 rows a peer, where 8 can land
+
+    def case(name: str, rows: dict[str, int], dtype: str = "bfloat16") -> Case:
+        return Case.make("ragged_all_to_all", name, mesh, {**rows, "cols": 8, "routing": 0}, dtype)
+
+    values = run_here(
+        checks.CHECKS["values"], case("whole_shard_through_xla_op", shards_past, "float32"), Session()
+    )
+    assert values.verdict == "passed", values.message
+    for check in ("collectives", "lowered_bytes", *(("tpu_bytes",) if tpu_compiler.available() else ())):
+        said = run_here(checks.CHECKS[check], case("users_exchange_on_xla_op", groups_within), Session())
+        assert said.verdict == "passed", said.message
+        said = run_here(checks.CHECKS[check], case("whole_shard_through_xla_op", shards_past), Session())
+        assert said.verdict == "failed", said.message
+        assert "counted as the op moves them: 208 bytes of its groups' rows" in said.message, said.message
+    # the transposed exchange: JAX's transpose sends its offsets, the op its groups (where the
+    # emulation's padded blocks and its own offsets were past the bound)
+    ring = Case.make(
+        "ragged_all_to_all",
+        "users_exchange_on_xla_op",
+        parse_mesh("8-x-auto"),
+        dict(spec.SPEC.canonical_dims),
+        "float32",
+    )
+    said = run_here(checks.CHECKS["backward_collectives"], ring, Session())
+    assert said.verdict == "passed", said.message

@@ -412,3 +412,28 @@ module @jit_f attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 :
   }
 }
 """
+
+
+#: XLA's ragged all-to-all as JAX 0.6.2 to 0.12 lower it: a custom call (a 2-D mesh's second axis).
+STABLEHLO_RAGGED = """module @jit_f attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%arg0: tensor<13x8xbf16>, %arg1: tensor<8x8xbf16>, %arg2: tensor<4xi32>) -> (tensor<8x8xbf16>) {
+    %0 = stablehlo.custom_call @ragged_all_to_all(%arg0, %arg1, %arg2, %arg2, %arg2, %arg2) {api_version = 4 : i32, backend_config = {channel_id = 1 : i64, replica_groups = dense<[[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>}} : (tensor<13x8xbf16>, tensor<8x8xbf16>, tensor<4xi32>, tensor<4xi32>, tensor<4xi32>, tensor<4xi32>) -> tensor<8x8xbf16>
+    return %0 : tensor<8x8xbf16>
+  }
+}
+"""
+
+
+def test_stablehlo_ragged_all_to_all_is_read_from_its_custom_call_and_another_form_raises() -> None:
+    (op,) = hlo.parse_stablehlo(STABLEHLO_RAGGED).ops
+    assert op.kind == "ragged-all-to-all" and op.replica_groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert op.result_shapes == (hlo.Shape("bf16", (8, 8)),) and op.operand_shapes[0] == hlo.Shape(
+        "bf16", (13, 8)
+    )
+    assert op.received_bytes() == 8 * 8 * 2  # its buffer: what a module's text can say
+    generic = STABLEHLO_RAGGED.replace(
+        "stablehlo.custom_call @ragged_all_to_all(",
+        '"stablehlo.custom_call"() <{call_target_name = "ragged_all_to_all"}> (',
+    )
+    with pytest.raises(hlo.HloParseError, match="ragged all-to-all in a form not listed"):
+        hlo.parse_stablehlo(generic)

@@ -24,14 +24,17 @@ No arithmetic: the result is the op's bit for bit on every routing the op define
 overlap, or run past a buffer, are the caller's error for the op and here alike). Its transpose is
 JAX's own (the op again, with the routing transposed), so gradients go through the same lowering.
 What it moves is not what the op moves (a padded block of ``min(R, S)`` rows per peer, not the
-groups: what the ragged family's byte bound allows a padded dense exchange): a check that reads the
-module compiled for the host counts the emulation's all-to-alls, and its verdict says the op ran
-emulated; the modules lowered and compiled for TPU and GPU hold the op itself.
+groups): the modules lowered and compiled for TPU and GPU hold the op itself, and what the op moves
+is counted in a run (:func:`delivered_by`: each call hands its groups' bytes to a callback), which
+the bytes checks put in place of the op's buffers, and of the emulation's all-to-alls (their
+``op_name`` is :data:`FUNCTION_NAME`'s) in the module compiled for the host.
 """
 
 from __future__ import annotations
 
+import collections
 import contextvars
+import dataclasses
 import functools
 import math
 import threading
@@ -44,6 +47,10 @@ import numpy as np
 from jax import lax
 
 from conformance import compat
+
+#: The name of the emulation's function in the modules lowered and compiled for CPU: the ``op_name``
+#: of each collective it holds (:func:`is_the_emulations`).
+FUNCTION_NAME = "conformance_emulated_ragged_all_to_all"
 
 #: What every verdict of a check that ran the op on CPU says.
 LABEL = (
@@ -68,10 +75,13 @@ def emulated(
     *,
     axis_name: Any,
     axis_size: int,
+    counted: Callable[[jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
     """``lax.ragged_all_to_all(operand, output, ...)`` on one device of an axis of ``axis_size``, from
     ``all_to_all`` and a scatter (the module's docstring). ``recv_sizes`` is not read: the senders'
-    ``send_sizes`` travel with their groups, as the op writes what is sent."""
+    ``send_sizes`` travel with their groups, as the op writes what is sent. ``counted`` is handed the
+    bytes the op itself delivers to this device from the others (its groups' rows, as their senders
+    size them), where a run counts them (:func:`delivered_by`)."""
     del recv_sizes
     n, groups = axis_size, input_offsets.shape[0]
     if groups % n:
@@ -90,6 +100,11 @@ def emulated(
     received, at, sizes = exchanged(blocks), exchanged(output_offsets), exchanged(send_sizes)
     target = at[..., None].astype(jnp.int32) + step.astype(jnp.int32)  # [n, K, W]
     target = jnp.where(step < sizes[..., None], target, slots)  # past the buffer: dropped
+    if counted is not None:
+        rows = sizes.sum() - sizes[lax.axis_index(axis_name)].sum()  # from the others
+        # the count (a zero) is read where the rows land: where XLA removes an op nothing reads, its
+        # count goes with it, as the op goes from the module compiled for a target
+        target = target + counted(rows * math.prod(trailing) * operand.dtype.itemsize)
     return output.at[target.reshape(-1)].set(received.reshape(-1, *trailing), mode="drop")
 
 
@@ -110,19 +125,81 @@ def _axis_size(ctx: Any, axis_name: Any) -> int:
 def _lowering(ctx: Any, *args: Any, axis_name: Any, axis_index_groups: Any) -> Any:
     from jax.interpreters import mlir
 
-    if _PROBING.get() or cpu_lacks_the_op() is None:  # XLA:CPU's own op, as JAX lowers it
+    tally = _COUNTING.get()
+    if tally is None and (_PROBING.get() or cpu_lacks_the_op() is None):  # XLA:CPU's own op, as JAX lowers it
         return _generic_rule()(ctx, *args, axis_name=axis_name, axis_index_groups=axis_index_groups)
     if axis_index_groups is not None:
         raise NotImplementedError("ragged_all_to_all emulated on CPU: axis_index_groups is not supported")
-    size = _axis_size(ctx, axis_name)
+    size, devices = _axis_size(ctx, axis_name), _device_axes(ctx)
+
+    def counted(nbytes: jax.Array) -> jax.Array:
+        where = tuple(lax.axis_index(name) for name in devices)
+        said, add = jax.ShapeDtypeStruct((), np.int32), functools.partial(tally.add, devices)
+        return jax.pure_callback(add, said, where, nbytes, vmap_method="sequential")
 
     # a function of its own, by name: the module lowered for CPU calls it, and the compiled module's
     # metadata names it at each collective it holds (for a reader of the HLO)
     def conformance_emulated_ragged_all_to_all(*operands: jax.Array) -> jax.Array:
-        return emulated(*operands, axis_name=axis_name, axis_size=size)
+        return emulated(
+            *operands, axis_name=axis_name, axis_size=size, counted=None if tally is None else counted
+        )
 
     called = jax.jit(conformance_emulated_ragged_all_to_all, inline=False)
     return mlir.lower_fun(called, multiple_results=False)(ctx, *args)
+
+
+def _device_axes(ctx: Any) -> tuple[str, ...]:
+    """The lowering's manual mesh axes: a device's indices along them name it in a count."""
+    context = ctx.module_context.axis_context
+    manual = getattr(context, "manual_axes", None)
+    mesh = getattr(context, "mesh", None)
+    names = tuple(getattr(mesh, "axis_names", ()))
+    return tuple(name for name in names if manual is None or name in manual)
+
+
+@dataclasses.dataclass
+class Delivered:
+    """What XLA's ragged all-to-all delivered in one counted run (:func:`delivered_by`): bytes from
+    the other devices, summed over the op's calls, by device (``x=1, y=0``: its indices along the
+    mesh's manual axes)."""
+
+    by_device: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    calls: int = 0
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def add(self, axes: tuple[str, ...], where: tuple[Any, ...], nbytes: Any) -> np.ndarray:
+        """One device's call (a callback from the run): returns the zero the emulation reads."""
+        device = ", ".join(f"{axis}={int(i)}" for axis, i in zip(axes, where, strict=True))
+        with self.lock:
+            self.by_device[device] += int(nbytes)
+            self.calls += 1
+        return np.zeros((), np.int32)
+
+    @property
+    def most_received(self) -> tuple[str, int]:
+        """The device the op delivered most to, and its bytes."""
+        return max(self.by_device.items(), key=lambda item: (item[1], item[0]), default=("none", 0))
+
+
+#: The count a run of :func:`delivered_by` fills, while it lowers its program.
+_COUNTING: contextvars.ContextVar[Delivered | None] = contextvars.ContextVar(
+    "conformance_counting_ragged_all_to_all", default=None
+)
+
+
+def delivered_by(fn: Callable[..., Any], *args: Any) -> Delivered:
+    """Run ``fn(*args)`` once on CPU, in a program of its own, with the bytes every call of XLA's
+    ragged all-to-all in it delivers counted: the op moves its groups, as their senders size them,
+    and nothing else, which a module's text cannot say (its sizes are data). Every call runs
+    :func:`emulated` here, where XLA:CPU has the op or not."""
+    tally = Delivered()
+    reset = _COUNTING.set(tally)
+    try:
+        program = jax.jit(lambda *operands: fn(*operands))  # lowered in this context, cached nowhere else
+        jax.block_until_ready(program(*args))
+    finally:
+        _COUNTING.reset(reset)
+    return tally
 
 
 def _generic_rule() -> Any:
@@ -200,10 +277,20 @@ def install() -> Callable[[], None]:
     return undo
 
 
+def is_the_emulations(op_name: str) -> bool:
+    """Whether a collective of a module compiled for CPU (its ``op_name``) is one of the emulation's."""
+    return f"jit({FUNCTION_NAME})/" in op_name
+
+
+def installed() -> bool:
+    """Whether the op's primitive has this module's CPU lowering (:func:`install`)."""
+    rules, _, rule_of = compat.cpu_lowering_rules()
+    return rule_of(rules.get(_primitive())) is _lowering
+
+
 def emulating() -> bool:
     """Whether this process runs the op on CPU by :func:`emulated`: installed, and XLA:CPU lacks it."""
-    rules, _, rule_of = compat.cpu_lowering_rules()
-    return rule_of(rules.get(_primitive())) is _lowering and cpu_lacks_the_op() is not None
+    return installed() and cpu_lacks_the_op() is not None
 
 
 def calls_the_op(jaxpr: Any) -> bool:
