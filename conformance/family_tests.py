@@ -77,15 +77,18 @@ def canonical_case(
     dtype: str = "float32",
     dma_mode: str | None = None,
     shape: str = "odd",
+    *,
+    claimed_on: str | None = None,
 ) -> Case:
-    """The family's fixed dims (``shape``: the canonical ``"odd"`` one or its ``"even"`` twin).
+    """The family's fixed dims (``shape``: the canonical ``"odd"`` one or its ``"even"`` twin), as the
+    kernel claims them on ``claimed_on`` (default: ``platform``, where the case is made).
 
     A Pallas kernel on CPU runs in the adversarial "on_wait" DMA mode; on TPU chips at the
     family's TPU-native dims, which both fixed shapes then name (the even one is skipped).
     """
     if dma_mode is None and platform == "cpu" and registry.get(family, impl).pallas:
         dma_mode = "on_wait"
-    dims = strategies.fixed_dims(family, impl, platform, mesh, dtype, shape)
+    dims = strategies.fixed_dims(family, impl, claimed_on or platform, mesh, dtype, shape)
     if dims is None:
         pytest.skip(f"{impl}: on {platform} both fixed shapes come to the same dims; [odd] runs them")
     return Case.make(family, impl, mesh, dims, dtype, platform=platform, dma_mode=dma_mode)
@@ -146,6 +149,7 @@ def case_for(axes: Axes, family: str, implementation: str, params: dict) -> Case
         params.get("dtype", "float32"),
         dma_mode=params.get("dma_mode"),
         shape=params.get("shape", "odd"),
+        claimed_on=axes.claim_platform(registry.get(family, implementation), platform),
     )
 
 

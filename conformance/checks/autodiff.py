@@ -234,8 +234,10 @@ def check_backward_collectives(case: Case) -> ByteRecord:
         lowered[target] = hlo.parse_stablehlo(text)
     audit = BackwardAudit(summary, lowered)
     n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
-    received, counted = as_the_op_moves_them(case, summary, backward=True, check="backward_collectives")
     bound = spec.backward_max_received_bytes(case.dims_map, n, itemsize)
+    received, counted = as_the_op_moves_them(
+        case, summary, backward=True, check="backward_collectives", bound=bound
+    )
     record = ByteRecord.of(case, summary, bound, received=received)
     if impl.baseline:
         return record

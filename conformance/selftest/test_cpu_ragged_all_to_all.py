@@ -251,3 +251,45 @@ def test_the_ops_bytes_are_its_groups_and_a_kernel_that_ships_too_many_through_i
     )
     said = run_here(checks.CHECKS["backward_collectives"], ring, Session())
     assert said.verdict == "passed", said.message
+
+
+def test_a_kernel_declared_for_tpu_and_gpu_gets_every_check_that_only_lowers_or_compiles() -> None:
+    """Registered ``platforms=("tpu", "gpu")``, as a kernel on XLA's op was before CPU could run it: on a
+    CPU host it is not claimed for what runs there (output sharding), and claimed for what only lowers or
+    compiles (cross-lowering, the lowered bytes, the TPU bytes), which pass, the op's groups counted."""
+    from conformance import family_tests, registry
+    from conformance.claims import NotClaimed
+
+    name = "users_dispatch_for_tpu_and_gpu"
+    if name not in conformance.implementations("moe_dispatch"):
+        conformance.register("moe_dispatch", name=name, differentiable=True, platforms=("tpu", "gpu"))(
+            registry.get("moe_dispatch", "xla_moe_dispatch").fn
+        )
+    mesh = parse_mesh("8-x-auto")
+    with pytest.raises(NotClaimed, match="platform cpu"):
+        family_tests.case_for(
+            checks.CHECKS["output_sharding"].axes, "moe_dispatch", name, {"mesh_config": mesh}
+        )
+    judged = [("cross_lowering", mesh, "float32"), ("lowered_bytes", mesh, "bfloat16")]
+    if tpu_compiler.available():
+        judged.append(("tpu_bytes", parse_mesh("8-x-explicit"), "bfloat16"))
+    for check, on, dtype in judged:
+        params = {"platform": "cpu", "mesh_config": on, "dtype": dtype}
+        case = family_tests.case_for(checks.CHECKS[check].axes, "moe_dispatch", name, params)
+        said = run_here(checks.CHECKS[check], case, Session())
+        assert said.verdict == "passed", said.message
+
+
+def test_without_the_emulation_xla_cpus_refusal_is_the_platforms_limit_not_the_kernels() -> None:
+    rules, _, _ = compat.cpu_lowering_rules()
+    ours = rules.pop(cpu_ragged_all_to_all._primitive())
+    try:
+        jax.clear_caches()
+        dims = {"rows_per_shard": 5, "out_rows_per_shard": 16, "cols": 1, "routing": 3}  # run nowhere else
+        case = Case.make("ragged_all_to_all", "xla_ragged_all_to_all", parse_mesh("2-x-auto"), dims, "int8")
+        said = run_here(checks.CHECKS["values"], case, Session())
+        assert said.verdict == "not_judged", said.message
+        assert "which XLA:CPU cannot run" in said.message and "not installed in this process" in said.message
+    finally:
+        rules[cpu_ragged_all_to_all._primitive()] = ours
+        jax.clear_caches()
