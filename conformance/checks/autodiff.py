@@ -205,7 +205,7 @@ def assert_backward_collectives(
         lines = [
             f"[backward_collectives] {name}: the backward pass uses collectives its math does not need",
             f"  arguments      : {shapes}; cotangent {list(cotangent.shape)}",
-            f"  allowed        : {', '.join(sorted(allowed)) or 'none'}",
+            f"  allowed        : {hlo.allowed_text(allowed)}",
             *("  " + p for p in problems),
         ]
         raise ConformanceFailure("\n".join(lines))
@@ -246,7 +246,7 @@ def check_backward_collectives(case: Case) -> ByteRecord:
         ops = [f"  {op.describe()}" for op in summary.ops] + counted or ["  (none)"]
         problems = audit.forbidden(allowed)
         if problems:
-            allowed_text = ", ".join(sorted(allowed)) or "none"
+            allowed_text = hlo.allowed_text(allowed)
             what = "the backward pass uses collectives its math does not need"
             raise fail(
                 case,

@@ -67,6 +67,16 @@ class ByteRecord:
         return self.received / self.lower_bound
 
 
+def _kind_and_dtypes(op: hlo.CollectiveOp) -> str:
+    return f"{op.kind} of {'/'.join(sorted({s.dtype for s in op.operand_shapes})) or '?'}"
+
+
+def why_these_collectives(case: Case) -> list[str]:
+    """The failure's line saying why the family allows what it does (none where its spec says nothing)."""
+    said = case.spec.collectives_text
+    return [f"why            : {said}"] if said else []
+
+
 def allowed_collectives(case: Case) -> frozenset[str]:
     """The family's collectives, for every kernel: a Pallas kernel that moves data by DMA shows none,
     and one that rings ``ppermute`` around its ``pallas_call`` matmuls uses the family's own."""
@@ -117,14 +127,15 @@ def _judge(
     spec, impl = case.spec, case.implementation
     n, itemsize = case.mesh.axis_size, runner.np_dtype(case.dtype).itemsize
     if bad:
-        allowed_text = ", ".join(sorted(allowed)) or "none"
+        allowed_text = hlo.allowed_text(allowed)
         raise fail(
             case,
             "collectives",
             "compiled HLO uses collectives the family forbids",
             [
                 f"allowed        : {allowed_text}",
-                f"forbidden      : {', '.join(sorted({op.kind for op in bad}))}",
+                f"forbidden      : {', '.join(sorted({_kind_and_dtypes(op) for op in bad}))}",
+                *why_these_collectives(case),
                 "collectives in the compiled module:",
                 *ops,
             ],
@@ -313,7 +324,8 @@ def _compiled_module_bytes(
                 f"the {name} pass compiled for {compiler.NAME} ({topology}) uses collectives the family "
                 "forbids",
                 [
-                    f"allowed        : {', '.join(sorted(allowed))}",
+                    f"allowed        : {hlo.allowed_text(allowed)}",
+                    *why_these_collectives(case),
                     "collectives in the compiled module:",
                     *ops,
                 ],
@@ -454,7 +466,8 @@ def check_cross_lowering(case: Case, targets: Sequence[str] | None = None) -> No
                 + "; ".join(op.describe() for op in bad)
             )
     if problems:
-        raise fail(case, "cross_lowering", "does not lower cleanly for every target", problems + host_limited)
+        what = "does not lower cleanly for every target"
+        raise fail(case, "cross_lowering", what, problems + why_these_collectives(case) + host_limited)
     if host_limited:  # what did lower was clean; the rest this host could not try
         raise compat.HostCannotLower("; ".join(host_limited))
 

@@ -56,6 +56,7 @@ from conformance.hlo.model import (
     CollectiveSummary,
     HloParseError,
     Shape,
+    allowed_text,
     disallowed,
     less_what_compiling_removes,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "ScheduledTransfer",
     "Shape",
     "Transfer",
+    "allowed_text",
     "collectives_of",
     "disallowed",
     "less_what_compiling_removes",

@@ -181,9 +181,28 @@ class CollectiveSummary:
 
 # ----------------------------------------------------------------------------- compiled HLO
 def disallowed(summary: CollectiveSummary, allowed: Iterable[str]) -> tuple[CollectiveOp, ...]:
-    """The collectives of ``summary`` whose kind is not in ``allowed``."""
+    """The collectives of ``summary`` whose kind is not in ``allowed``. A kind qualified by a dtype
+    (``all-gather:s32``) is allowed of operands of that dtype alone: a few routing ints, not rows."""
     allowed = frozenset(allowed)
-    return tuple(op for op in summary.ops if op.kind not in allowed)
+
+    def fits(op: CollectiveOp) -> bool:
+        dtypes = {s.dtype for s in op.operand_shapes}
+        return op.kind in allowed or (bool(dtypes) and all(f"{op.kind}:{d}" in allowed for d in dtypes))
+
+    return tuple(op for op in summary.ops if not fits(op))
+
+
+def allowed_text(allowed: Iterable[str]) -> str:
+    """``allowed`` as a failure's line says it (``all-gather of s32 only``), or ``none``."""
+    kinds: dict[str, list[str]] = {}
+    for entry in sorted(allowed):
+        kind, _, dtype = entry.partition(":")
+        kinds.setdefault(kind, []).append(dtype)
+    said = [
+        kind if "" in dtypes else f"{kind} of {'/'.join(dtypes)} only"
+        for kind, dtypes in sorted(kinds.items())
+    ]
+    return ", ".join(said) or "none"
 
 
 def _signature(op: CollectiveOp) -> tuple:

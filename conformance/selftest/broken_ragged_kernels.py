@@ -26,6 +26,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_ragged_scatters_before_the_barrier": "test_barrier_protocol",
     "broken_pallas_ragged_returns_before_its_receives": "test_races",
     "broken_pallas_ragged_waits_for_sizes_untransposed": "test_values",
+    "broken_ragged_gathers_every_row": "test_collectives",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_ragged_offsets_read_on_the_receivers_side": "reading output_offsets on the receiver's side",
@@ -38,6 +39,7 @@ EXPECTED_MESSAGE: dict[str, str] = {
     # in the on_wait order its groups never land (no one waits on them): values; eager, a race
     # a receiver waits for rows its sender never sends: the time bound stops it and says where
     "broken_pallas_ragged_waits_for_sizes_untransposed": "did not finish within",
+    "broken_ragged_gathers_every_row": "only the routing's int32s may be gathered",
 }
 
 
@@ -225,3 +227,23 @@ _pallas_without(
     "sends it: where a routing is not symmetric, a receiver waits for rows nobody sends.",
     receive_sizes_transposed=False,
 )
+
+
+@conformance.register("ragged_all_to_all", name="broken_ragged_gathers_every_row")
+def broken_ragged_gathers_every_row(*operands, mesh, axis_name):
+    """Every device's rows gathered, with every device's routing, and each receiver cuts its groups out:
+    right values, and every row of every device moved to every device, where each group needs one peer."""
+    validate("broken_ragged_gathers_every_row", operands, mesh, axis_name)
+
+    def body(x, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+        n, rows, me = send_sizes.shape[0], x.shape[0], lax.axis_index(axis_name)
+        every = lax.all_gather(x, axis_name)  # [n, R, cols]
+        start, size, at = (
+            lax.all_gather(a, axis_name)[:, me] for a in (input_offsets, send_sizes, output_offsets)
+        )
+        step = jnp.arange(rows)
+        source = jnp.clip(start[:, None] + step, 0, rows - 1)
+        groups = jnp.take_along_axis(every, source.reshape(n, rows, *(1,) * (x.ndim - 1)), axis=1)
+        return written(output, groups, at, size)
+
+    return per_device(body, mesh, axis_name, operands)

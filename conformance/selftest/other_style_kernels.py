@@ -88,6 +88,17 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_backward_collectives",
         "test_lowered_bytes",
     },
+    # A ragged exchange whose wrapper gathers every device's offsets and sizes (as JAX's Pallas ragged
+    # all-to-all does, 3 x n ints), its rows by a padded all-to-all. The family forbade every
+    # all-gather, so collectives failed it; an all-gather of int32s is the routing's, within the bound.
+    "correct_ragged_all_to_all_gathered_routing": {
+        "test_values",
+        "test_collectives",
+        "test_cross_lowering",
+        "test_lowered_bytes",
+        "test_gradients",
+        "test_backward_collectives",
+    },
     # The HBM reduce-scatter as JAX's Pallas TPU tutorial builds it: each addition a nested
     # `pltpu.emit_pipeline`, which reads the TPU generation while it is traced. Every check once
     # crashed on it ("Unsupported TPU device kind: cpu"); the runner traces Pallas kernels with a TPU
@@ -394,6 +405,29 @@ def correct_moe_combine_ppermute_shifts(expert_rows, weights, expert_ids, placem
     return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name),) * 4, out_specs=P(axis_name))(
         expert_rows, weights, expert_ids, placement
     )
+
+
+@conformance.register(
+    "ragged_all_to_all",
+    name="correct_ragged_all_to_all_gathered_routing",
+    differentiable=True,
+    description="every device's offsets and sizes gathered, its rows by a padded all-to-all",
+)
+def correct_ragged_all_to_all_gathered_routing(
+    x, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, mesh, axis_name
+):
+    from conformance.kernels.ragged_all_to_all.dense import packed_groups, written
+
+    def body(x, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+        n, me = send_sizes.shape[0], lax.axis_index(axis_name)
+        every = lax.all_gather(jnp.stack([input_offsets, send_sizes, output_offsets]), axis_name)  # [n, 3, n]
+        group = min(x.shape[0], output.shape[0])
+        send = packed_groups(x, input_offsets, send_sizes, group)
+        received = lax.all_to_all(send.reshape(n * group, *x.shape[1:]), axis_name, 0, 0, tiled=True)
+        return written(output, received.reshape(send.shape), every[:, 2, me], every[:, 1, me])
+
+    operands = (x, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name),) * 6, out_specs=P(axis_name))(*operands)
 
 
 def _emit_pipeline(dst, first, second, tiles, *, rows, combine, written_back=True):

@@ -155,7 +155,9 @@ class FamilySpec:
     reference: Callable[..., np.ndarray]
     #: Elementwise absolute tolerance given float64 inputs and the dtype name.
     tolerance: Callable[..., np.ndarray]
-    #: HLO collective kinds the implementations may use (the baseline is exempt).
+    #: HLO collective kinds the implementations may use (the baseline is exempt); a kind qualified by
+    #: a dtype (``all-gather:s32``) is allowed of that dtype's operands alone
+    #: (:func:`conformance.hlo.disallowed`).
     allowed_collectives: frozenset[str]
     #: Max bytes one device may receive per call: (dims, axis size, itemsize) -> bytes.
     max_received_bytes: Callable[[Dims, int, int], int]
@@ -165,6 +167,9 @@ class FamilySpec:
     bad_inputs: Callable[[int], tuple[BadInput, ...]]
     #: Sentence stating the byte bound, for failure messages.
     byte_bound_text: str = ""
+    #: Why the family allows the collectives it does, for a failure naming one it forbids ("" where
+    #: the kinds say it all).
+    collectives_text: str = ""
 
     # -- autodiff: what ``jax.vjp`` of an implementation that declares itself differentiable must give
     #: (float64 inputs..., float64 cotangent) -> the float64 gradient of each data operand

@@ -50,8 +50,10 @@ cotangent where no group wrote, zero where one did. The offsets and sizes have n
 
 Bytes: a device must receive exactly the rows its groups bring; a kernel may move each peer a
 fixed-size buffer of as many rows as a group can have (``min(R, S)``: a padded dense all-to-all),
-plus the routing (``n`` int32 offsets and ``n`` sizes), and no more: never the whole operand
-gathered. Data may move by all-to-all, ragged-all-to-all or collective-permutes.
+plus the routing (each other device's four arrays of ``n`` int32s, which a wrapper may gather, as
+JAX's Pallas ragged all-to-all gathers every device's offsets), and no more: never the whole operand
+gathered. Rows may move by all-to-all, ragged-all-to-all or collective-permutes; an all-gather (or
+the all-reduce XLA:TPU makes of a small one) of int32s only (:data:`COLLECTIVES`).
 
 A dispatch/combine pair (tokens to experts and back, in the token order) is this op twice with the
 routing transposed: a combine's ``send_sizes`` are its dispatch's ``recv_sizes``, its
@@ -310,9 +312,25 @@ def _received_exactly(d: Dims, n: int, itemsize: int) -> int:
 
 
 def _padded_groups_and_routing(d: Dims, n: int, itemsize: int) -> int:
-    """A fixed-size buffer of ``min(R, S)`` rows from each of the n - 1 others, and the routing."""
+    """A fixed-size buffer of ``min(R, S)`` rows from each of the n - 1 others, and the routing: each
+    other device's four ``n``-int routing arrays (what a wrapper that gathers them receives)."""
     group = min(d["rows_per_shard"], d["out_rows_per_shard"])
-    return (n - 1) * (group * d["cols"] * itemsize + 2 * ROUTING_ITEMSIZE)
+    return (n - 1) * (group * d["cols"] * itemsize + 4 * n * ROUTING_ITEMSIZE)
+
+
+#: Rows move by all-to-all (XLA's ragged one included) or collective-permutes; the routing's ints may
+#: also be gathered (an all-gather, which XLA:TPU compiles as an all-reduce at these sizes), rows not.
+COLLECTIVES = frozenset(
+    {"all-to-all", "ragged-all-to-all", "collective-permute", "all-gather:s32", "all-reduce:s32"}
+)
+
+COLLECTIVES_TEXT = (
+    "the family hands each device its own offsets and sizes, and each group goes to one peer: rows move "
+    "by all-to-all, ragged-all-to-all or collective-permutes, and only the routing's int32s may be "
+    "gathered (as JAX's Pallas ragged all-to-all gathers every device's offsets). A kernel that "
+    "computes its own sizes and offsets from the experts' choices belongs in moe_dispatch (and "
+    "moe_combine), whose routing it is given"
+)
 
 
 def _bad_inputs(n: int) -> tuple[BadInput, ...]:
@@ -371,20 +389,21 @@ RAGGED_ALL_TO_ALL = FamilySpec(
     dtypes=("float32", "bfloat16", "float16", "int32", "int8", "float8_e4m3fn", "float8_e5m2"),
     reference=reference,
     tolerance=lambda *inputs_and_dtype: tolerances.data_movement_tolerance(inputs_and_dtype[1].shape),
-    allowed_collectives=frozenset({"all-to-all", "ragged-all-to-all", "collective-permute"}),
+    allowed_collectives=COLLECTIVES,
+    collectives_text=COLLECTIVES_TEXT,
     max_received_bytes=_padded_groups_and_routing,
     min_received_bytes=_received_exactly,
     byte_bound_text="each device may receive at most a group's worth of rows, min(R, S), from each of the "
-    "n-1 others, and their offsets and sizes",
+    "n-1 others, and their routing (four arrays of n int32s each, gathered or not)",
     bad_inputs=_bad_inputs,
     vjp_reference=vjp_reference,
     vjp_tolerance=lambda *inputs_ct_and_dtype: tuple(
         tolerances.data_movement_tolerance(a.shape) for a in inputs_ct_and_dtype[:2]
     ),
-    backward_allowed_collectives=frozenset({"all-to-all", "ragged-all-to-all", "collective-permute"}),
+    backward_allowed_collectives=COLLECTIVES,
     backward_max_received_bytes=_padded_groups_and_routing,
     backward_byte_bound_text="the transposed exchange: at most a group's worth of cotangent rows, min(R, S), "
-    "from each of the n-1 others, and their offsets and sizes",
+    "from each of the n-1 others, and their routing (four arrays of n int32s each, gathered or not)",
     block_tags=_block_tags,
     # a benchmark's device holds `rows` rows and as large an output, routed unevenly
     bench_dims=lambda rows: {"rows_per_shard": rows, "out_rows_per_shard": rows, "cols": 128, "routing": 0},
