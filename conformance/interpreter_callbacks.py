@@ -65,6 +65,7 @@ def on_host() -> Iterator[None]:
                     raise
 
             on_host.original, on_host.blocks_inside = original, 0  # type: ignore[attr-defined]
+            on_host.undo_zero_waits = _zero_waits_return()  # type: ignore[attr-defined]
             callback_module.io_callback_impl = on_host
         on_host.blocks_inside += 1  # type: ignore[attr-defined]
     try:
@@ -74,3 +75,47 @@ def on_host() -> Iterator[None]:
             on_host.blocks_inside -= 1  # type: ignore[attr-defined]
             if on_host.blocks_inside == 0:  # type: ignore[attr-defined]
                 callback_module.io_callback_impl = on_host.original  # type: ignore[attr-defined]
+                on_host.undo_zero_waits()  # type: ignore[attr-defined]
+
+
+def _semaphore_class() -> Any:
+    """The interpreter's semaphore (``interpret/shared_memory.py`` from JAX 0.7, ``interpret.py`` in 0.6)."""
+    import importlib
+
+    for module in ("jax._src.pallas.mosaic.interpret.shared_memory", "jax._src.pallas.mosaic.interpret"):
+        try:
+            cls = getattr(importlib.import_module(module), "Semaphore", None)
+        except ImportError:
+            continue
+        if cls is not None and hasattr(cls, "wait"):
+            return cls
+    return None
+
+
+def _zero_waits_return() -> Any:
+    """Within :func:`on_host`, a semaphore wait for a count of 0 returns at once, as it does on a chip.
+
+    With ``detect_races=True`` JAX's interpreter (0.6.2 to 0.12) asserts on such a wait (``self.clocks
+    [global_core_id] is not None``: no signal ever set the semaphore's clock), and the failure leaves
+    the interpreter's shared state broken for every later call in the process. A kernel that waits
+    for each peer's rows waits for 0 on a routing where a peer sends it nothing (a ragged all-to-all's
+    group of zero rows), so the race detector could not run there. A wait for 0 orders nothing (no
+    signal happens before it), so returning at once loses no race the detector could find. Returns
+    the undo."""
+    cls = _semaphore_class()
+    if cls is None:
+        return lambda: None
+    original = cls.wait
+
+    @functools.wraps(original)
+    def wait(self: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if int(value) == 0:
+            return None
+        return original(self, value, *args, **kwargs)
+
+    cls.wait = wait
+
+    def undo() -> None:
+        cls.wait = original
+
+    return undo

@@ -66,3 +66,39 @@ def test_an_interpreted_ring_gives_the_same_result_bit_for_bit_and_its_races_fla
     assert on_host.tobytes() == by_jax.tobytes()
     assert not raced_by_jax
     assert not compat.races_found()
+
+
+def test_a_wait_for_zero_returns_under_the_race_detector_and_the_next_call_still_runs() -> None:
+    """JAX's interpreter asserts on a semaphore wait for 0 with ``detect_races=True`` (a kernel that
+    waits for each peer's rows, where a peer sends none), and every later call fails: within the
+    block the wait returns at once, as on a chip, and the class is JAX's own again after it."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def kernel(x_ref, o_ref, sem):
+        pl.semaphore_wait(sem, 0)
+        o_ref[...] = x_ref[...] + 1
+
+    def per_device(x):
+        params = compat.interpret_params(dma_execution_mode="on_wait", detect_races=True)
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.SemaphoreType.REGULAR],
+            interpret=params,
+        )(x)
+
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    program = jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    )
+    x = jax.device_put(jnp.zeros((16, 128), jnp.float32), NamedSharding(mesh, P("x")))
+    semaphore = interpreter_callbacks._semaphore_class()
+    jaxs_own = semaphore.wait
+    with interpreter_callbacks.on_host():
+        for _ in range(2):
+            assert np.array_equal(np.asarray(program(x)), np.ones((16, 128)))
+        assert not compat.races_found()
+    assert semaphore.wait is jaxs_own
