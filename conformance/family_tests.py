@@ -149,8 +149,20 @@ def case_for(axes: Axes, family: str, implementation: str, params: dict) -> Case
         params.get("dtype", "float32"),
         dma_mode=params.get("dma_mode"),
         shape=params.get("shape", "odd"),
-        claimed_on=axes.claim_platform(registry.get(family, implementation), platform),
+        claimed_on=_claim_platform(axes, registry.get(family, implementation), platform),
     )
+
+
+def _claim_platform(axes: Axes, implementation: registry.Implementation, host: str) -> str:
+    """The platform ``implementation`` is asked to claim for a case on ``host`` (:attr:`Axes.claimed_for`)."""
+    if axes.claimed_for == "host":
+        return host
+    if axes.claimed_for != "targets":
+        return axes.claimed_for
+    declared = implementation.platforms
+    if declared is None or host in declared:
+        return host
+    return next((p for p in ("tpu", "gpu") if p in declared), host)
 
 
 def test_for(check: Check) -> Callable[..., None]:

@@ -40,7 +40,10 @@ H100_SMS = 132
 def whole_tiles(*, dims: Mapping[str, int], dtype: str, axis_size: int, mesh_shape: Any) -> str | None:
     """What JAX's kernel takes here: blocks of whole 32 x 128 tiles, a ring within one NVLink domain
     of :data:`NVLINK_DOMAIN` GPUs (a multimem address spans one; XLA:GPU compiles the kernel for two
-    hosts all the same, and it could not run there)."""
+    hosts all the same, and it could not run there), on a mesh of one axis (its collectives span every
+    axis of the mesh: "Only collective_axes that include all JAX device mesh axes are supported")."""
+    if len(mesh_shape) > 1:
+        return f"JAX's Mosaic GPU kernel reduces over every axis of the mesh, not one of {len(mesh_shape)}"
     if axis_size > NVLINK_DOMAIN:
         return f"JAX's Mosaic GPU kernel reduces within an NVLink domain of {NVLINK_DOMAIN}, not {axis_size}"
     if dims["rows_per_shard"] % 32 or dims["cols"] % 128:

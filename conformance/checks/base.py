@@ -24,7 +24,7 @@ from conformance.blame import error_locations, error_text
 from conformance.checks import block_map
 from conformance.checks.baseline_case import baseline_of, baseline_result
 from conformance.runner import Case
-from conformance.targets import target_compiles
+from conformance.targets import cpu_ragged_all_to_all, target_compiles
 
 
 class CheckedCase(Protocol):
@@ -179,9 +179,9 @@ class Axes:
     #: The shortest ring the check judges: a check of transfers has none to judge on a ring of one,
     #: so its test is not parametrized there.
     min_ring: int = 1
-    #: The platform a kernel must claim (``register(platforms=...)``) for the check's case: ``"host"``,
-    #: the one it runs on; ``"targets"``, any it lowers for (a check that only lowers: a kernel
-    #: registered for TPU and GPU gets it on a CPU host); or one named (``"tpu"``: the TPU compile tier).
+    #: The platform a kernel must claim for the check's case: ``"host"``, the one it runs on; ``"targets"``,
+    #: any it lowers for (a kernel registered for TPU and GPU gets a check that only lowers on a CPU
+    #: host); or one named (``"tpu"``: the TPU compile tier). :func:`conformance.family_tests.case_for`.
     claimed_for: str = "host"
 
     def __post_init__(self) -> None:
@@ -195,17 +195,6 @@ class Axes:
         unknown = set(self.implementations) - set(IMPLEMENTATION_PREDICATES)
         if unknown:
             raise ValueError(f"Axes.implementations: {sorted(unknown)} not in {IMPLEMENTATION_PREDICATES}")
-
-    def claim_platform(self, implementation: Any, host: str) -> str:
-        """The platform ``implementation`` (a registry record) is asked to claim for a case on ``host``."""
-        if self.claimed_for == "host":
-            return host
-        if self.claimed_for != "targets":
-            return self.claimed_for
-        declared = getattr(implementation, "platforms", None)
-        if declared is None or host in declared:
-            return host
-        return next((p for p in ("tpu", "gpu") if p in declared), host)
 
     def meshes_for(self, implementation: Any) -> str | tuple[str, ...]:
         """The meshes :attr:`meshes` names, or :attr:`interpreted_meshes` for a Pallas kernel."""
@@ -278,25 +267,11 @@ def call_kernel(
             f"wait out the hang again. To judge this one: {case.replay_command(check)}"
         ) from again
     except Exception as e:  # the kernel's own error, re-raised with the case attached
-        refusal = _cpu_refuses_ragged_all_to_all(case, e)
+        refusal = cpu_ragged_all_to_all.refusal_without_the_emulation(case, e)
         if refusal:
             raise NotJudged(refusal) from e
         details = [*error_locations(e), error_text(e)]
         raise fail(case, check, f"raised {type(e).__name__} on valid input", details) from e
-
-
-def _cpu_refuses_ragged_all_to_all(case: Case, error: Exception) -> str:
-    """Where XLA:CPU refused XLA's ragged all-to-all (the suite's emulation of it not installed in this
-    process), the platform's limit in words, as for the family's baseline; else ``""``."""
-    said = str(error)
-    if getattr(case, "platform", "") != "cpu" or "ragged-all-to-all" not in said or "XLA:CPU" not in said:
-        return ""
-    return (
-        f"{case.impl} calls XLA's ragged all-to-all, which XLA:CPU cannot run ("
-        f"{said.strip().splitlines()[0]}), and the suite's CPU emulation of it is not installed in this "
-        "process (conformance.targets.cpu_ragged_all_to_all.install(), as the suite's own entry points "
-        "do): the platform's limit, not the kernel's"
-    )
 
 
 def compile_timeout_failure(

@@ -30,8 +30,10 @@ CHECKS = (
     "-s",
 )
 UNREADABLE = "Error reading persistent compilation cache entry"
-#: The small kernel, claiming bfloat16 too: its 16-bit bytes are compiled for TPU where libtpu is.
-WITH_BFLOAT16 = KERNELS.replace('dtypes=("float32", "int32")', 'dtypes=("float32", "int32", "bfloat16")')
+#: The small kernel, claiming bfloat16 and TPU too: its 16-bit bytes are compiled for TPU where libtpu is.
+WITH_BFLOAT16 = KERNELS.replace(
+    'dtypes=("float32", "int32")', 'dtypes=("float32", "int32", "bfloat16")'
+).replace('platforms=("cpu",)', 'platforms=("cpu", "tpu")')
 
 
 @pytest.fixture(autouse=True)

@@ -282,6 +282,21 @@ def is_the_emulations(op_name: str) -> bool:
     return f"jit({FUNCTION_NAME})/" in op_name
 
 
+def refusal_without_the_emulation(case: Any, error: Exception) -> str:
+    """Where XLA:CPU refused the op (this module's lowering not installed in the process), the
+    platform's limit in words, as for a family's baseline; else ``""``."""
+    said = str(error)
+    if getattr(case, "platform", "") != "cpu" or "ragged-all-to-all" not in said or "XLA:CPU" not in said:
+        return ""
+    return (
+        f"{case.impl} calls XLA's ragged all-to-all, which XLA:CPU cannot run "
+        f"({said.strip().splitlines()[0]}), "
+        "and the suite's CPU emulation of it is not installed in this process (conformance.targets."
+        "cpu_ragged_all_to_all.install(), as the suite's own entry points do): the platform's limit, not "
+        "the kernel's"
+    )
+
+
 def installed() -> bool:
     """Whether the op's primitive has this module's CPU lowering (:func:`install`)."""
     rules, _, rule_of = compat.cpu_lowering_rules()
