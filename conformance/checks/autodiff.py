@@ -22,7 +22,8 @@ from conformance.checks.base import (
     fail,
     keeping,
 )
-from conformance.checks.collectives import ByteRecord, as_the_op_moves_them, byte_table
+from conformance.checks.collectives import ByteRecord, byte_table
+from conformance.checks.ragged_bytes import as_the_op_moves_them
 from conformance.runner import Case
 
 

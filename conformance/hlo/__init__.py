@@ -20,7 +20,7 @@ Bytes received per device follow the usual algorithm-independent accounting:
 * all-reduce: ``2 (g-1)/g`` of the operand (reduce-scatter then all-gather);
 * ragged-all-to-all: how many rows arrive is data, so its bound: the whole output buffer (its
   result), which the senders may fill. (The bytes checks count its groups in a run instead:
-  :func:`conformance.checks.collectives.as_the_op_moves_them`.) In StableHLO it is a custom call,
+  :func:`conformance.checks.ragged_bytes.as_the_op_moves_them`.) In StableHLO it is a custom call,
   ``stablehlo.custom_call @ragged_all_to_all``, read in the one form JAX prints.
 
 Replica groups come in every form the supported XLAs print, each expanded to

@@ -110,7 +110,7 @@ def hold(case: Case | Any, session: session_lib.Session) -> None:
 #: Checks that run nothing on the host: they lower or compile for TPU and GPU alone.
 _TARGETS_ONLY = frozenset({"cross_lowering", "tpu_layout", "barrier_protocol"})
 #: Checks of a module lowered or compiled for a target that count XLA's ragged all-to-all's groups in a
-#: run on the host (:func:`conformance.checks.collectives.as_the_op_moves_them`).
+#: run on the host (:func:`conformance.checks.ragged_bytes.as_the_op_moves_them`).
 _COUNTED_ON_THE_HOST = frozenset({"lowered_bytes", "tpu_bytes", "gpu_bytes"})
 
 
