@@ -12,6 +12,11 @@ Race detection costs a run about what it costs without (1.6-1.8 s against 1.8-1.
 all-reduce ring on 8 devices, 1.2 s against 1.0-1.1 s for the HBM reduce-scatter on 5), and it
 changes no value. A check that needs a run of its own says why: determinism's second call, the other
 DMA mode, the eager path, a bad input.
+
+XLA's ragged all-to-all's groups are counted in a run of their own of the case's forward or backward
+pass (:func:`counted_run`: the count is made while that program is lowered), which every bytes check
+of the case reads: the collectives check's, and the 16- and 8-bit bytes' for each target (TPU and
+CUDA), whose modules are one pass's.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 
 from conformance import compat, runner
 from conformance.runner import Case
+from conformance.targets import cpu_ragged_all_to_all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +70,20 @@ def shared_run(case: Case) -> tuple[tuple[np.ndarray, ...], jax.Array]:
     return (run.inputs64, run.out) if run is not None else runner.execute_cached(case)
 
 
+@functools.cache
+def counted_run(case: Case, backward: bool) -> cpu_ragged_all_to_all.Delivered:
+    """What XLA's ragged all-to-all delivers in one run on CPU of ``case``'s forward pass (or, with
+    ``backward``, its VJP on the case's cotangent),
+    :func:`conformance.targets.cpu_ragged_all_to_all.delivered_by`.
+    A run that raises is not held: the next check to ask runs it again and names itself."""
+    inputs = runner.place(case, runner.make_inputs(case))
+    if backward:
+        cotangent = jax.device_put(runner.make_cotangent(case), runner.expected_out_sharding(case))
+        return cpu_ragged_all_to_all.delivered_by(runner.jitted_pullback(case), *inputs, cotangent)
+    return cpu_ragged_all_to_all.delivered_by(runner.jitted_for(case), *inputs)
+
+
 def release() -> None:
     """Drop the runs held (with :func:`conformance.runner.release_cases`)."""
     watched_run.cache_clear()
+    counted_run.cache_clear()

@@ -7,7 +7,7 @@ tiles), and the module compiled for the host holds the emulation's all-to-alls i
 
 from __future__ import annotations
 
-from conformance import hlo, runner
+from conformance import hlo, shared_runs
 from conformance.checks.base import NotJudged, call_kernel
 from conformance.runner import Case
 from conformance.targets import cpu_ragged_all_to_all
@@ -63,7 +63,8 @@ def as_the_op_moves_them(
 def _delivered(
     case: Case, *, backward: bool, check: str
 ) -> tuple[cpu_ragged_all_to_all.Delivered | None, str]:
-    """What XLA's ragged all-to-all delivers in a run of ``case``'s pass on CPU, or why no run counts it."""
+    """What XLA's ragged all-to-all delivers in a run of ``case``'s pass on CPU (the one run each pass of
+    the case has, :func:`conformance.shared_runs.counted_run`), or why no run counts it."""
     import jax
 
     if not cpu_ragged_all_to_all.installed():
@@ -75,16 +76,10 @@ def _delivered(
             None,
             f"this host has {len(jax.devices('cpu'))} CPU devices, the case's mesh {case.mesh.num_devices}",
         )
-    inputs = runner.place(case, runner.make_inputs(case))
-    if backward:
-        cotangent = jax.device_put(runner.make_cotangent(case), runner.expected_out_sharding(case))
-        program, operands = runner.jitted_pullback(case), (*inputs, cotangent)
-    else:
-        program, operands = runner.jitted_for(case), inputs
     declared = case.implementation.platforms
     if declared is not None and case.platform not in declared:  # its run is no verdict, only a count
         try:
-            counted = cpu_ragged_all_to_all.delivered_by(program, *operands)
+            counted = shared_runs.counted_run(case, backward)
         except Exception as error:
             said = (str(error).strip().splitlines() or [""])[0]
             return (
@@ -93,7 +88,7 @@ def _delivered(
                 f"CPU: {said}",
             )
     else:
-        counted = call_kernel(case, check, lambda: cpu_ragged_all_to_all.delivered_by(program, *operands))
+        counted = call_kernel(case, check, lambda: shared_runs.counted_run(case, backward))
     if not counted.calls:
         return None, "the run on CPU made no call of it (the program XLA:CPU runs has none)"
     return counted, ""

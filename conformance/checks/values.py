@@ -258,8 +258,9 @@ CHECKS = (
         # turn on its ring's loop (a ring of one's shortcut that skips a cast, an odd ring's split, the hops
         # a narrow accumulator overflows over), not on the mesh's shape or device order; the even twin's
         # defects need no dtype (the float32 checks'); the values check draws dtypes and shapes on every
-        # mesh, so a dtype that goes wrong on one mesh alone still meets it
-        axes=Axes(meshes="loop_lengths", dtypes="dtypes"),
+        # mesh, so a dtype that goes wrong on one mesh alone still meets it. A Pallas TPU kernel's on the
+        # ring of one and the odd ring: tpu_native_values runs its every dtype on the longest ring
+        axes=Axes(meshes="loop_lengths", dtypes="dtypes", interpreted_meshes="short_loops"),
         doc="Every dtype of the spec at the odd fixed shape on a ring of one, an odd ring and the longest: "
         "the result has its dtype, and each shard its values.",
     ),
