@@ -14,7 +14,7 @@ changes no value. A check that needs a run of its own says why: determinism's se
 DMA mode, the eager path, a bad input.
 
 XLA's ragged all-to-all's groups are counted in a run of their own of the case's forward or backward
-pass (:func:`counted_run`: the count is made while that program is lowered), which every bytes check
+pass (:func:`counted_run`: each call of the op hands its groups' bytes to a callback), which every bytes check
 of the case reads: the collectives check's, and the 16- and 8-bit bytes' for each target (TPU and
 CUDA), whose modules are one pass's.
 """
