@@ -32,12 +32,19 @@ class ReductionRecord:
     reduction: str
 
 
-def reduction_program(case: Case, reduction: str) -> Any:
-    """``case``'s kernel called with ``reduction=``, jitted: the program this check runs."""
+def reduction_jitted(case: Case, reduction: str) -> Any:
+    """``case``'s kernel called with ``reduction=``, jitted."""
     kernel = runner.bound(
         case.family, case.impl, case.mesh, case.platform, case.mesh.axis_name, case.dma_mode, dtype=case.dtype
     )
     return jax.jit(lambda *operands: kernel(*operands, reduction=reduction))
+
+
+def reduction_program(case: Case, reduction: str) -> Any:
+    """:func:`reduction_jitted` compiled as the case's own program is
+    (:func:`conformance.runner.compile_lowered`): the program this check runs."""
+    lowered = reduction_jitted(case, reduction).lower(*runner.abstract_args(case))
+    return runner.compile_lowered(lowered, case.platform)
 
 
 def _run(case: Case, reduction: str, inputs: tuple[np.ndarray, ...]) -> jax.Array:

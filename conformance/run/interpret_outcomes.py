@@ -117,7 +117,7 @@ def key_of(check: str, case: Case, settings: Settings) -> str | None:
             texts.append(_program_text(pullback.trace(*runner.abstract_pullback_args(case))))
         if program == "reductions":  # each reduction the kernel declares is a program of its own
             for reduction in case.implementation.other_reductions:
-                jitted = reductions.reduction_program(case, reduction)
+                jitted = reductions.reduction_jitted(case, reduction)
                 texts.append(_program_text(jitted.trace(*runner.abstract_args(case))))
     except Exception:  # the check itself traces it again and gives the verdict on whatever it raised
         return None
