@@ -90,15 +90,19 @@ def routing_tables(
     expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(device, local, counts)``: each (token, choice)'s expert device and local expert (``[T, k]``
-    each), and every device's rows for every device's every expert (``[n senders, n receivers, X]``)."""
+    each; a choice routed nowhere, expert id ``-1``, gets device ``n``, past every real one, so that it
+    sorts last and counts nowhere), and every device's rows for every device's every expert
+    (``[n senders, n receivers, X]``)."""
     x = placement.shape[-1]
     hosted = lax.all_gather(
         placement.reshape(x).astype(jnp.int32), axis_name, tiled=True
     )  # position p: device p // X
     position = jnp.arange(n * x, dtype=jnp.int32)
-    device = jnp.zeros(n * x, jnp.int32).at[hosted].set(position // x)[expert_ids]
-    local = jnp.zeros(n * x, jnp.int32).at[hosted].set(position % x)[expert_ids]
-    mine = jnp.zeros((n, x), jnp.int32).at[device, local].add(1)
+    routed = expert_ids >= 0
+    chosen = jnp.where(routed, expert_ids, 0)  # a negative index would wrap around
+    device = jnp.where(routed, jnp.zeros(n * x, jnp.int32).at[hosted].set(position // x)[chosen], n)
+    local = jnp.where(routed, jnp.zeros(n * x, jnp.int32).at[hosted].set(position % x)[chosen], 0)
+    mine = jnp.zeros((n, x), jnp.int32).at[device, local].add(1, mode="drop")
     return device, local, lax.all_gather(mine, axis_name)
 
 

@@ -21,6 +21,8 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_moe_dispatch_rows_in_arrival_order": "test_values",
     "broken_moe_dispatch_offsets_read_on_the_receivers_side": "test_values",
     "broken_moe_dispatch_drops_tokens_past_a_capacity": "test_values",
+    "broken_moe_dispatch_assumes_contiguous_placement": "test_values",
+    "broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert": "test_values",
     "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "test_gradients",
     "broken_moe_combine_weights_in_expert_order": "test_values",
     "broken_moe_combine_gathers_every_expert_row": "test_collectives",
@@ -29,6 +31,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_moe_dispatch_rows_in_arrival_order": "in the order the exchange delivers them",
     "broken_moe_dispatch_offsets_read_on_the_receivers_side": "values differ from the numpy float64",
     "broken_moe_dispatch_drops_tokens_past_a_capacity": "values differ from the numpy float64 reference",
+    "broken_moe_dispatch_assumes_contiguous_placement": "values differ from the numpy float64 reference",
+    "broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert": "values differ from the numpy float64",
     "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "d_tokens",
     "broken_moe_combine_weights_in_expert_order": "in expert-id order",
     "broken_moe_combine_gathers_every_expert_row": "bytes",
@@ -117,6 +121,55 @@ def broken_moe_dispatch_drops_tokens_past_a_capacity(tokens, expert_ids, placeme
         return jnp.zeros((rows, tokens.shape[1]), tokens.dtype).at[slot].set(everyone[source], mode="drop")
 
     return _dispatch("broken_moe_dispatch_drops_tokens_past_a_capacity", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register("moe_dispatch", name="broken_moe_dispatch_assumes_contiguous_placement")
+def broken_moe_dispatch_assumes_contiguous_placement(tokens, expert_ids, placement, *, mesh, axis_name):
+    """Takes device ``d``'s experts to be ``d * X .. d * X + X - 1`` (expert ``e`` on device ``e // X``, as
+    a layer written for one expert-parallel layout computes it) instead of reading ``placement``: right
+    while the experts are placed contiguously, wrong once a load balancer has moved one."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        t, k = expert_ids.shape
+        x = placement.shape[-1]
+        hosted = lax.axis_index(axis_name) * x + jnp.arange(x, dtype=expert_ids.dtype)  # the assumption
+        rows = n * t * min(k, x)
+        everyone = lax.all_gather(tokens, axis_name, tiled=True)
+        chosen = lax.all_gather(expert_ids, axis_name, tiled=True)
+        routed = (chosen[None, :, :] == hosted[:, None, None]).any(-1)
+        flat = routed.reshape(-1)
+        slot = jnp.where(flat, jnp.cumsum(flat) - 1, rows)
+        source = jnp.tile(jnp.arange(n * t), x)
+        return jnp.zeros((rows, tokens.shape[1]), tokens.dtype).at[slot].set(everyone[source], mode="drop")
+
+    return _dispatch("broken_moe_dispatch_assumes_contiguous_placement", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register("moe_dispatch", name="broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert")
+def broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert(
+    tokens, expert_ids, placement, *, mesh, axis_name
+):
+    """Uses each expert id as an index into the ``E`` experts, as ``table[expert_ids]`` does: an id of -1
+    (a choice routed nowhere) wraps around to the last expert, which receives a row it was never sent."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        t, k = expert_ids.shape
+        hosted = placement.reshape(-1)
+        rows = n * t * min(k, hosted.shape[0])
+        everyone = lax.all_gather(tokens, axis_name, tiled=True)
+        chosen = lax.all_gather(expert_ids, axis_name, tiled=True)
+        chosen = jnp.where(chosen < 0, chosen + n * hosted.shape[0], chosen)  # Python's negative index
+        routed = (chosen[None, :, :] == hosted[:, None, None]).any(-1)
+        flat = routed.reshape(-1)
+        slot = jnp.where(flat, jnp.cumsum(flat) - 1, rows)
+        source = jnp.tile(jnp.arange(n * t), hosted.shape[0])
+        return jnp.zeros((rows, tokens.shape[1]), tokens.dtype).at[slot].set(everyone[source], mode="drop")
+
+    return _dispatch("broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert", body)(
         tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
     )
 
@@ -222,9 +275,9 @@ def broken_moe_combine_gathers_every_expert_row(
         per_device = routed.reshape(n, x, -1)
         rank = (jnp.cumsum(per_device.reshape(n, -1), axis=1) - 1).reshape(n, x, -1)
         mine = me * t + jnp.arange(t)
-        p = position[expert_ids]  # [t, k]
+        p = position[jnp.maximum(expert_ids, 0)]  # [t, k]
         slot = (p // x) * rows + rank[p // x, p % x, mine[:, None]]
-        chosen = everywhere[slot]
+        chosen = jnp.where((expert_ids >= 0)[..., None], everywhere[slot], 0)  # -1: routed nowhere
         summed = jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), chosen.astype(jnp.float32))
         return summed.astype(expert_rows.dtype)
 

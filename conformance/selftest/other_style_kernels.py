@@ -377,9 +377,10 @@ def correct_moe_combine_ppermute_shifts(expert_rows, weights, expert_ids, placem
         per_device = chose.reshape(n * t, n, x).sum(0)  # [n, x]: rows of each expert
         start = (jnp.cumsum(per_device, axis=1) - per_device).reshape(-1)  # by position
         rank = jnp.cumsum(chose, axis=0) - 1  # [n*T, E positions]
-        p = position[every_ids]  # [n*T, k]
+        routed = every_ids >= 0  # expert id -1: a choice routed nowhere, owned by no device (n)
+        p = position[jnp.maximum(every_ids, 0)]  # [n*T, k]
         slot = start[p] + jnp.take_along_axis(rank, p, axis=1)  # row on device p // x
-        owner = p // x
+        owner = jnp.where(routed, p // x, n)
 
         def for_token_device(i, d):
             """Device d's rows for token device i's choices, in (token, choice) order, padded: the

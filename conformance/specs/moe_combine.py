@@ -13,7 +13,8 @@ top-k experts' rows, as a mixture-of-experts layer gathers its experts' outputs.
 
 and the result is ``[n*T, H]`` sharded ``P(axis_name)``: token ``t``'s row is
 ``sum_j weights[t, j] * expert_rows[slot(t, j)]``, the slot where the dispatch put (token ``t``, choice
-``j``). It is the dispatch's ``lax.ragged_all_to_all`` with the routing transposed (a combine's
+``j``), over the choices routed somewhere (a choice of expert id ``-1`` adds nothing, whatever its weight).
+It is the dispatch's ``lax.ragged_all_to_all`` with the routing transposed (a combine's
 ``send_sizes`` are its dispatch's ``recv_sizes``, its ``input_offsets`` the slots the dispatch wrote,
 its ``output_offsets`` the rows the tokens came from) and a weighted sum of each token's ``k`` rows.
 A kernel that applies a token's weights in another order than its ``expert_ids`` (sorted by expert,
@@ -51,8 +52,8 @@ def _tokens_shape(d: Dims, n: int) -> tuple[int, int]:
 
 
 def _chosen(expert_rows: np.ndarray, expert_ids: np.ndarray, placement: np.ndarray) -> np.ndarray:
-    """``[n*T, k, H]``: each token's rows, in the order of its choices."""
-    return expert_rows[moe_routing.slots(expert_ids, placement)]
+    """``[n*T, k, H]``: each token's rows, in the order of its choices (zero for a choice routed nowhere)."""
+    return moe_routing.at_slots(expert_rows, moe_routing.slots(expert_ids, placement))
 
 
 def reference(expert_rows, weights, expert_ids, placement):
@@ -87,9 +88,10 @@ def vjp_reference(expert_rows, weights, expert_ids, placement, ct):
     """``d_rows[slot(t, j)] = weights[t, j] * ct[t]`` (zero for rows no token reads), ``d_weights[t, j] =
     ct[t] . expert_rows[slot(t, j)]``."""
     at = moe_routing.slots(expert_ids, placement)
+    routed = at != moe_routing.UNROUTED
     d_rows = np.zeros(expert_rows.shape)
-    d_rows[at] = weights[..., None] * ct[:, None, :]
-    d_weights = np.einsum("th,tkh->tk", ct, expert_rows[at])
+    d_rows[at[routed]] = (weights[..., None] * ct[:, None, :])[routed]
+    d_weights = np.einsum("th,tkh->tk", ct, moe_routing.at_slots(expert_rows, at))
     return d_rows, d_weights
 
 
@@ -97,13 +99,13 @@ def vjp_tolerance(expert_rows, weights, expert_ids, placement, ct, dtype):
     """One rounding per product for the rows' gradient; Higham's bound of an ``H``-long dot product for the
     weights'."""
     at = moe_routing.slots(expert_ids, placement)
+    routed = at != moe_routing.UNROUTED
     d_rows = np.zeros(expert_rows.shape)
-    d_rows[at] = tolerances.matmul_tolerance(weights[..., None, None], ct[:, None, None, :], dtype)[
+    d_rows[at[routed]] = tolerances.matmul_tolerance(weights[..., None, None], ct[:, None, None, :], dtype)[
         :, :, 0, :
-    ]
-    d_weights = tolerances.matmul_tolerance(ct[:, None, :], np.swapaxes(expert_rows[at], 1, 2), dtype)[
-        :, 0, :
-    ]
+    ][routed]
+    chosen = np.swapaxes(moe_routing.at_slots(expert_rows, at), 1, 2)
+    d_weights = tolerances.matmul_tolerance(ct[:, None, :], chosen, dtype)[:, 0, :]
     return d_rows, d_weights
 
 

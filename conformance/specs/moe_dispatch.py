@@ -5,8 +5,8 @@ layer sends its tokens out before the experts' matmuls.
 its first dim:
 
 * ``tokens[n*T, H]``: device ``i``'s ``T`` tokens;
-* ``expert_ids[n*T, k]`` int32: each token's ``k`` distinct experts of ``E = n * X``
-  (:mod:`conformance.specs.moe_routing`);
+* ``expert_ids[n*T, k]`` int32: each token's ``k`` distinct experts of ``E = n * X``, ``-1`` for a
+  choice routed nowhere (:mod:`conformance.specs.moe_routing`);
 * ``placement[n, X]`` int32: row ``d`` the ``X`` experts device ``d`` hosts;
 
 and the result is the experts' rows, ``[n*C, H]`` sharded ``P(axis_name)``, ``C = n * T * min(k, X)``:
@@ -53,7 +53,7 @@ def reference(tokens: np.ndarray, expert_ids: np.ndarray, placement: np.ndarray)
     n = placement.shape[0]
     out = np.zeros((n * moe_routing.rows_per_device(expert_ids, placement), tokens.shape[1]))
     for t, at in enumerate(moe_routing.slots(expert_ids, placement)):
-        out[at] = tokens[t]
+        out[at[at != moe_routing.UNROUTED]] = tokens[t]
     return out
 
 
@@ -83,13 +83,13 @@ KNOWN_MISTAKES = (
 def vjp_reference(tokens, expert_ids, placement, ct):
     """Each token's gradient: the sum of the cotangents of the rows it became."""
     at = moe_routing.slots(expert_ids, placement)
-    return (ct[at].sum(axis=1),)
+    return (moe_routing.at_slots(ct, at).sum(axis=1),)
 
 
 def vjp_tolerance(tokens, expert_ids, placement, ct, dtype):
     """A rounding per addition of a token's ``k`` cotangent rows."""
     at = moe_routing.slots(expert_ids, placement)
-    return (tolerances.reduction_tolerance(np.moveaxis(ct[at], 1, 0), dtype),)
+    return (tolerances.reduction_tolerance(np.moveaxis(moe_routing.at_slots(ct, at), 1, 0), dtype),)
 
 
 def _bad_inputs(n: int):

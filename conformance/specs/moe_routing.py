@@ -5,13 +5,17 @@ rows and the byte bounds of moving them.
 **Routing.** Each of the ``n * T`` tokens (``T`` per device, the ``tokens_per_shard`` dim) picks its
 top ``k`` experts of ``E = n * X`` (``X`` the ``experts_per_device`` dim; ``k`` the ``top_k`` dim, at most
 ``E``): ``expert_ids[n*T, k]`` int32, sharded ``P(axis)`` as the tokens are, row ``t`` the distinct
-experts token ``t`` goes to, in the router's order (the order its weights come in, not sorted).
+experts token ``t`` goes to, in the router's order (the order its weights come in, not sorted); on
+one routing (:data:`UNROUTED_CHOICES`) some of them :data:`UNROUTED` (``-1``): that choice goes to no
+expert, its row is sent nowhere and takes no slot, and a combine adds nothing for it.
 
 **Placement.** ``placement[n, X]`` int32, sharded ``P(axis)``: row ``d`` (device ``d``'s shard) lists the
 ``X`` experts device ``d`` hosts, in the order its rows group them. The suite passes ``arange(E)``
-(expert ``e`` on device ``e // X``, the contiguous layout of an expert-parallel mesh); a kernel may
-read its shard for its own experts, and must not assume more than the operand says. Its shape tells a
-kernel (and the reference) ``n`` and ``X``, as an expert-weight operand would.
+(expert ``e`` on device ``e // X``, the contiguous layout of an expert-parallel mesh), and on one
+routing (:data:`SHUFFLED_PLACEMENT`) a permutation of it, as a load balancer that moves hot experts
+builds; a kernel may read its shard for its own experts, and must not assume more than the operand
+says (a device that computes an expert's device as ``e // X`` sends rows to the wrong device there).
+Its shape tells a kernel (and the reference) ``n`` and ``X``, as an expert-weight operand would.
 
 **The experts' rows** (what a dispatch returns and a combine takes): device ``d`` holds ``C = n * T *
 min(k, X)`` rows of ``[C, H]`` (the most a device can receive: every token sending it all the rows it
@@ -41,7 +45,21 @@ ROUTINGS = (
     "every token's first choice is expert 0 (device 0 receives a row of every token)",
     "no token picks device 0's experts (where the others can fill a top-k)",
     "each device's tokens pick the next device's experts first (all its rows to one peer)",
+    "each token's top-k experts drawn at random, the experts placed in a shuffled order (a load "
+    "balancer's placement: expert e is not on device e // X)",
+    "some choices unrouted (expert id -1, as a router that masks a choice or drops it past a capacity "
+    "writes it), at any position of a token's row, some tokens with none routed",
 )
+
+#: The expert id of a choice that goes nowhere: its row is sent to no device, and a combine adds
+#: nothing for it (its weight is unused).
+UNROUTED = -1
+
+#: The routing whose choices are partly :data:`UNROUTED`.
+UNROUTED_CHOICES = 5
+
+#: The routing whose placement is shuffled (:func:`placement`); every other routing's is contiguous.
+SHUFFLED_PLACEMENT = 4
 
 #: Expert ids and placement: one int32 each.
 ROUTING_ITEMSIZE = 4
@@ -77,12 +95,27 @@ def expert_ids(d: Dims, n: int) -> np.ndarray:
             first = list(peer * x + rng.permutation(x)[: min(k, x)])
         rest = [int(c) for c in rng.permutation(e) if c not in first]
         ids[t] = (first + rest)[:k]
+    if kind == UNROUTED_CHOICES:
+        dropped = rng.random(ids.shape) < 0.4
+        dropped[0] = True  # a token with no choice routed, on every mesh
+        if ids.shape[0] > 1:
+            dropped[1] = False  # and one with every choice routed
+        ids[dropped] = UNROUTED
     return ids
 
 
 def placement(d: Dims, n: int) -> np.ndarray:
-    """``[n, X]``: the experts each device hosts, contiguous."""
-    return np.arange(n * d["experts_per_device"]).reshape(n, -1)
+    """``[n, X]``: the experts each device hosts: contiguous, or on the routing
+    :data:`SHUFFLED_PLACEMENT` a permutation of the ``E`` experts from a generator seeded by the dims
+    (never ``arange`` where there are two experts or more, so that no case of it is contiguous)."""
+    e = n * d["experts_per_device"]
+    if d["routing"] != SHUFFLED_PLACEMENT or e < 2:
+        return np.arange(e).reshape(n, -1)
+    rng = np.random.default_rng([SHUFFLED_PLACEMENT, n, d["tokens_per_shard"], d["experts_per_device"]])
+    order = rng.permutation(e)
+    while (order == np.arange(e)).all():
+        order = rng.permutation(e)
+    return order.reshape(n, -1)
 
 
 def rows_per_device(ids: np.ndarray, where: np.ndarray) -> int:
@@ -93,10 +126,11 @@ def rows_per_device(ids: np.ndarray, where: np.ndarray) -> int:
 
 def slots(ids: np.ndarray, where: np.ndarray) -> np.ndarray:
     """``[n*T, k]``: the row of the experts' rows (global, device ``d``'s from ``d * C``) at which each
-    (token, choice) lands, for ``ids`` and ``where`` (the placement), float64 or int."""
+    (token, choice) lands, for ``ids`` and ``where`` (the placement), float64 or int;
+    :data:`UNROUTED` for a choice that lands nowhere."""
     ids, where = ids.astype(np.int64), where.astype(np.int64)
     rows = rows_per_device(ids, where)
-    out = np.zeros(ids.shape, dtype=np.int64)
+    out = np.full(ids.shape, UNROUTED, dtype=np.int64)
     for d, hosted in enumerate(where):
         at = 0
         for e in hosted:
@@ -104,6 +138,12 @@ def slots(ids: np.ndarray, where: np.ndarray) -> np.ndarray:
                 out[t, k] = d * rows + at
                 at += 1
     return out
+
+
+def at_slots(rows: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``rows[at]`` (``at`` from :func:`slots`), zero where a choice is :data:`UNROUTED`."""
+    routed = at != UNROUTED
+    return np.where(routed.reshape(*at.shape, *(1,) * (rows.ndim - 1)), rows[np.where(routed, at, 0)], 0)
 
 
 def owners(where: np.ndarray) -> np.ndarray:
@@ -119,7 +159,7 @@ def rows_moved(ids: np.ndarray, where: np.ndarray) -> np.ndarray:
     n, t_per, owner = where.shape[0], ids.shape[0] // where.shape[0], owners(where)
     moved = np.zeros((n, n), dtype=np.int64)
     for t, row in enumerate(ids.astype(np.int64)):
-        for e in row:
+        for e in row[row != UNROUTED]:
             moved[t // t_per, owner[e]] += 1
     return moved
 

@@ -132,13 +132,16 @@ def downstream_moe_token_exchange(
 
 
 def _where_rows_land(expert_ids: jax.Array, placement: jax.Array, axis_name: str, n: int):
-    """For this device's (token, choice) pairs, in that order: the device of each one's expert, the
-    row it lands on there, and its place in a buffer of ``t * min(k, x)`` rows per device."""
+    """For this device's (token, choice) pairs, in that order: the device of each one's expert (``n``,
+    no device, for a choice routed nowhere: expert id -1), the row it lands on there, and its place
+    in a buffer of ``t * min(k, x)`` rows per device."""
     t, k = expert_ids.shape
     x = placement.shape[1]
     experts = lax.all_gather(placement[0], axis_name, tiled=True)  # position p: device p // x
-    position = jnp.argsort(experts)[expert_ids.reshape(-1)]  # each pair's expert's position
-    counts = lax.all_gather(jnp.zeros(n * x, jnp.int32).at[position].add(1), axis_name)  # [n, E]
+    ids = expert_ids.reshape(-1)
+    # each pair's expert's position; n * x (past every expert) for a choice routed nowhere
+    position = jnp.where(ids >= 0, jnp.argsort(experts)[jnp.maximum(ids, 0)], n * x)
+    counts = lax.all_gather(jnp.zeros(n * x, jnp.int32).at[position].add(1, mode="drop"), axis_name)  # [n, E]
     per_expert = counts.sum(0).reshape(n, x)
     start = (jnp.cumsum(per_expert, 1) - per_expert).reshape(-1)  # an expert's first row on its device
     earlier_devices = (jnp.cumsum(counts, 0) - counts)[lax.axis_index(axis_name)]
@@ -169,9 +172,10 @@ def downstream_moe_dispatch(
         sent = (
             jnp.zeros((n, room, tokens.shape[1]), tokens.dtype)
             .at[device, lane]
-            .set(tokens[jnp.arange(t * k) // k])
+            .set(tokens[jnp.arange(t * k) // k], mode="drop")
         )
-        slots = jnp.full((n, room), rows, jnp.int32).at[device, lane].set(slot)  # padding aimed past the end
+        # padding aimed past the end
+        slots = jnp.full((n, room), rows, jnp.int32).at[device, lane].set(slot, mode="drop")
         got = lax.all_to_all(sent, axis_name, 0, 0, tiled=True)
         got_slots = lax.all_to_all(slots, axis_name, 0, 0, tiled=True)
         out = jnp.zeros((rows, tokens.shape[1]), tokens.dtype)
@@ -203,11 +207,14 @@ def downstream_moe_combine(
         t, k = expert_ids.shape
         room, rows = t * min(k, placement.shape[1]), expert_rows.shape[0]
         device, slot, lane = _where_rows_land(expert_ids, placement, axis_name, n)
-        wanted = jnp.full((n, room), rows, jnp.int32).at[device, lane].set(slot)
+        wanted = jnp.full((n, room), rows, jnp.int32).at[device, lane].set(slot, mode="drop")
         asked = lax.all_to_all(wanted, axis_name, 0, 0, tiled=True)  # the rows each device wants of mine
         answer = jnp.where((asked < rows)[..., None], expert_rows[jnp.minimum(asked, rows - 1)], 0)
         back = lax.all_to_all(answer.astype(expert_rows.dtype), axis_name, 0, 0, tiled=True)
-        chosen = back[device, lane].reshape(t, k, -1).astype(jnp.float32)
+        routed = (device < n)[:, None]
+        # nothing for a choice routed nowhere
+        chosen = jnp.where(routed, back[jnp.minimum(device, n - 1), lane], 0)
+        chosen = chosen.reshape(t, k, -1).astype(jnp.float32)
         return jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), chosen).astype(expert_rows.dtype)
 
     return jax.shard_map(per_device, mesh=mesh, in_specs=(P(axis_name),) * 4, out_specs=P(axis_name))(
