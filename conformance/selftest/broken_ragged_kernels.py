@@ -18,6 +18,7 @@ from conformance.kernels.ragged_all_to_all.ring import group_for, shifted
 
 EXPECTED_REJECTION: dict[str, str] = {
     "broken_ragged_offsets_read_on_the_receivers_side": "test_values",
+    "broken_ragged_offsets_packed_from_sizes": "test_values",
     "broken_ragged_zero_size_group_moves_a_row": "test_values",
     "broken_ragged_unwritten_rows_zeroed": "test_values",
     "broken_ragged_sizes_read_untransposed": "test_values",
@@ -30,6 +31,7 @@ EXPECTED_REJECTION: dict[str, str] = {
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_ragged_offsets_read_on_the_receivers_side": "reading output_offsets on the receiver's side",
+    "broken_ragged_offsets_packed_from_sizes": "packing each receiver's groups from its recv_sizes",
     "broken_ragged_zero_size_group_moves_a_row": "values differ from the numpy float64 reference",
     "broken_ragged_unwritten_rows_zeroed": "zeroing the output first",
     "broken_ragged_sizes_read_untransposed": "values differ from the numpy float64 reference",
@@ -45,8 +47,9 @@ EXPECTED_MESSAGE: dict[str, str] = {
 
 def _dense(name, operands, mesh, axis_name, *, slots_of, sizes_of, sent_sizes=lambda s: s, start=None):
     """The dense form with its receiving side's choices given: where each sender's group lands
-    (``slots_of(output_offsets, exchanged_offsets)``), how many of its rows (``sizes_of(send_sizes,
-    recv_sizes)``), how many rows a sender packs (``sent_sizes``), and the buffer it starts from."""
+    (``slots_of(output_offsets, exchanged_offsets, recv_sizes)``), how many of its rows
+    (``sizes_of(send_sizes, recv_sizes)``), how many rows a sender packs (``sent_sizes``), and the
+    buffer it starts from."""
     validate(name, operands, mesh, axis_name)
 
     def body(x, output, input_offsets, send_sizes, output_offsets, recv_sizes):
@@ -59,7 +62,7 @@ def _dense(name, operands, mesh, axis_name, *, slots_of, sizes_of, sent_sizes=la
         return written(
             base,
             received.reshape(send.shape),
-            slots_of(output_offsets, exchanged),
+            slots_of(output_offsets, exchanged, recv_sizes),
             sizes_of(send_sizes, recv_sizes),
         )
 
@@ -77,7 +80,22 @@ def broken_ragged_offsets_read_on_the_receivers_side(*operands, mesh, axis_name)
         operands,
         mesh,
         axis_name,
-        slots_of=lambda mine, exchanged: mine,
+        slots_of=lambda mine, exchanged, recv: mine,
+        sizes_of=lambda send, recv: recv,
+    )
+
+
+@conformance.register("ragged_all_to_all", name="broken_ragged_offsets_packed_from_sizes")
+def broken_ragged_offsets_packed_from_sizes(*operands, mesh, axis_name):
+    """Each receiver packs its groups one after another in sender order (sender i's group at the sum of
+    ``recv_sizes[:i]``) instead of at the slots the senders' ``output_offsets`` give: right wherever the
+    caller packs its groups so (an MoE dispatch), wrong for groups padded apart."""
+    return _dense(
+        "broken_ragged_offsets_packed_from_sizes",
+        operands,
+        mesh,
+        axis_name,
+        slots_of=lambda mine, exchanged, recv: jnp.cumsum(recv) - recv,
         sizes_of=lambda send, recv: recv,
     )
 
@@ -91,7 +109,7 @@ def broken_ragged_zero_size_group_moves_a_row(*operands, mesh, axis_name):
         operands,
         mesh,
         axis_name,
-        slots_of=lambda mine, exchanged: exchanged,
+        slots_of=lambda mine, exchanged, recv: exchanged,
         sizes_of=lambda send, recv: jnp.maximum(recv, 1),
         sent_sizes=lambda s: jnp.maximum(s, 1),
     )
@@ -105,7 +123,7 @@ def broken_ragged_unwritten_rows_zeroed(*operands, mesh, axis_name):
         operands,
         mesh,
         axis_name,
-        slots_of=lambda mine, exchanged: exchanged,
+        slots_of=lambda mine, exchanged, recv: exchanged,
         sizes_of=lambda send, recv: recv,
         start=jnp.zeros_like,
     )
@@ -120,7 +138,7 @@ def broken_ragged_sizes_read_untransposed(*operands, mesh, axis_name):
         operands,
         mesh,
         axis_name,
-        slots_of=lambda mine, exchanged: exchanged,
+        slots_of=lambda mine, exchanged, recv: exchanged,
         sizes_of=lambda send, recv: send,
     )
 

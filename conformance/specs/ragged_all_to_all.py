@@ -180,8 +180,9 @@ def reference(
 
 
 def _moved(x, output, input_offsets, send_sizes, output_offsets, *, axis_size, slot_of, rows_of, start):
-    """The reference with its choices given: the slot each group lands at (``slot_of(oo, i, j)``), how
-    many rows each moves (``rows_of(size)``), and the buffer the result starts from (``start``)."""
+    """The reference with its choices given: the slot each group lands at (``slot_of(oo, ss, i, j)``,
+    of the output offsets and the send sizes), how many rows each moves (``rows_of(size)``), and the
+    buffer the result starts from (``start``)."""
     n = axis_size
     sent = x.reshape(n, -1, *x.shape[1:])
     out = start(output.reshape(n, -1, *output.shape[1:]))
@@ -189,7 +190,7 @@ def _moved(x, output, input_offsets, send_sizes, output_offsets, *, axis_size, s
     for i in range(n):
         for j in range(n):
             size = min(rows_of(ss[i, j]), sent.shape[1] - io[i, j])
-            at = slot_of(oo, i, j)
+            at = slot_of(oo, ss, i, j)
             size = min(size, out.shape[1] - at)
             out[j, at : at + size] = sent[i, io[i, j] : io[i, j] + size]
     return out.reshape(output.shape)
@@ -197,7 +198,7 @@ def _moved(x, output, input_offsets, send_sizes, output_offsets, *, axis_size, s
 
 def _mistake(**choices) -> Callable[..., np.ndarray]:
     def result(x, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_size):
-        defaults = {"slot_of": lambda oo, i, j: oo[i, j], "rows_of": lambda size: size, "start": np.copy}
+        defaults = {"slot_of": lambda oo, ss, i, j: oo[i, j], "rows_of": lambda size: size, "start": np.copy}
         return _moved(
             x,
             output,
@@ -217,7 +218,13 @@ KNOWN_MISTAKES = (
         "reading output_offsets on the receiver's side (each receiver writing sender i's group at its own "
         "output_offsets[i]; they are the sender's, where its group lands on the receiver: exchange them "
         "with an all-to-all, as marin-community/marin's 'Fix ragged all-to-all sender offsets' did)",
-        _mistake(slot_of=lambda oo, i, j: oo[j, i]),
+        _mistake(slot_of=lambda oo, ss, i, j: oo[j, i]),
+    ),
+    KnownMistake(
+        "packing each receiver's groups from its recv_sizes (sender i's group at the sum of recv_sizes[:i]) "
+        "in place of the caller's output_offsets: the caller says where each group lands, and its groups "
+        "may be padded apart",
+        _mistake(slot_of=lambda oo, ss, i, j: int(ss[:i, j].sum())),
     ),
     KnownMistake(
         "zeroing the output first (the rows no group writes must keep the caller's output values)",
