@@ -102,23 +102,34 @@ def broken_moe_dispatch_offsets_read_on_the_receivers_side(tokens, expert_ids, p
     )
 
 
+def _gathered(tokens, expert_ids, hosted, *, n, axis_name, kept=lambda routed: routed):
+    """The all-gather form (:func:`conformance.kernels.moe_dispatch.allgather.kept`) on this device's
+    experts ``hosted``, keeping the (expert, token) pairs ``kept(routed)`` of those routed: ``[C, H]``."""
+    t, k = expert_ids.shape
+    rows = n * t * min(k, hosted.shape[0])
+    everyone = lax.all_gather(tokens, axis_name, tiled=True)
+    chosen = lax.all_gather(expert_ids, axis_name, tiled=True)
+    flat = kept((chosen[None, :, :] == hosted[:, None, None]).any(-1)).reshape(-1)  # [X, n*T]
+    slot = jnp.where(flat, jnp.cumsum(flat) - 1, rows)
+    source = jnp.tile(jnp.arange(n * t), hosted.shape[0])
+    return jnp.zeros((rows, tokens.shape[1]), tokens.dtype).at[slot].set(everyone[source], mode="drop")
+
+
 @conformance.register("moe_dispatch", name="broken_moe_dispatch_drops_tokens_past_a_capacity")
 def broken_moe_dispatch_drops_tokens_past_a_capacity(tokens, expert_ids, placement, *, mesh, axis_name):
     """Gives each expert room for ``2 * T`` rows (a capacity factor) and drops the tokens past it: right
     while the routing is even, wrong once an expert is hot."""
 
     def body(tokens, expert_ids, placement, *, n, axis_name):
-        t, k = expert_ids.shape
-        hosted = placement.reshape(-1)
-        rows = n * t * min(k, hosted.shape[0])
-        everyone = lax.all_gather(tokens, axis_name, tiled=True)
-        chosen = lax.all_gather(expert_ids, axis_name, tiled=True)
-        routed = (chosen[None, :, :] == hosted[:, None, None]).any(-1)
-        routed &= jnp.cumsum(routed, axis=1) <= 2 * t  # the capacity: later tokens dropped
-        flat = routed.reshape(-1)
-        slot = jnp.where(flat, jnp.cumsum(flat) - 1, rows)
-        source = jnp.tile(jnp.arange(n * t), hosted.shape[0])
-        return jnp.zeros((rows, tokens.shape[1]), tokens.dtype).at[slot].set(everyone[source], mode="drop")
+        t = expert_ids.shape[0]
+        return _gathered(
+            tokens,
+            expert_ids,
+            placement.reshape(-1),
+            n=n,
+            axis_name=axis_name,
+            kept=lambda routed: routed & (jnp.cumsum(routed, axis=1) <= 2 * t),  # later tokens dropped
+        )
 
     return _dispatch("broken_moe_dispatch_drops_tokens_past_a_capacity", body)(
         tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
@@ -132,17 +143,9 @@ def broken_moe_dispatch_assumes_contiguous_placement(tokens, expert_ids, placeme
     while the experts are placed contiguously, wrong once a load balancer has moved one."""
 
     def body(tokens, expert_ids, placement, *, n, axis_name):
-        t, k = expert_ids.shape
         x = placement.shape[-1]
         hosted = lax.axis_index(axis_name) * x + jnp.arange(x, dtype=expert_ids.dtype)  # the assumption
-        rows = n * t * min(k, x)
-        everyone = lax.all_gather(tokens, axis_name, tiled=True)
-        chosen = lax.all_gather(expert_ids, axis_name, tiled=True)
-        routed = (chosen[None, :, :] == hosted[:, None, None]).any(-1)
-        flat = routed.reshape(-1)
-        slot = jnp.where(flat, jnp.cumsum(flat) - 1, rows)
-        source = jnp.tile(jnp.arange(n * t), x)
-        return jnp.zeros((rows, tokens.shape[1]), tokens.dtype).at[slot].set(everyone[source], mode="drop")
+        return _gathered(tokens, expert_ids, hosted, n=n, axis_name=axis_name)
 
     return _dispatch("broken_moe_dispatch_assumes_contiguous_placement", body)(
         tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
@@ -157,17 +160,9 @@ def broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert(
     (a choice routed nowhere) wraps around to the last expert, which receives a row it was never sent."""
 
     def body(tokens, expert_ids, placement, *, n, axis_name):
-        t, k = expert_ids.shape
-        hosted = placement.reshape(-1)
-        rows = n * t * min(k, hosted.shape[0])
-        everyone = lax.all_gather(tokens, axis_name, tiled=True)
-        chosen = lax.all_gather(expert_ids, axis_name, tiled=True)
-        chosen = jnp.where(chosen < 0, chosen + n * hosted.shape[0], chosen)  # Python's negative index
-        routed = (chosen[None, :, :] == hosted[:, None, None]).any(-1)
-        flat = routed.reshape(-1)
-        slot = jnp.where(flat, jnp.cumsum(flat) - 1, rows)
-        source = jnp.tile(jnp.arange(n * t), hosted.shape[0])
-        return jnp.zeros((rows, tokens.shape[1]), tokens.dtype).at[slot].set(everyone[source], mode="drop")
+        e = n * placement.shape[-1]
+        wrapped = jnp.where(expert_ids < 0, expert_ids + e, expert_ids)  # Python's negative index
+        return _gathered(tokens, wrapped, placement.reshape(-1), n=n, axis_name=axis_name)
 
     return _dispatch("broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert", body)(
         tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
