@@ -46,7 +46,8 @@ ROUTINGS = (
     "no token picks device 0's experts (where the others can fill a top-k)",
     "each device's tokens pick the next device's experts first (all its rows to one peer)",
     "each token's top-k experts drawn at random, the experts placed in a shuffled order (a load "
-    "balancer's placement: expert e is not on device e // X)",
+    "balancer's placement: not arange, so that some expert e is not on device e // X or not in its "
+    "place there)",
     "some choices unrouted (expert id -1, as a router that masks a choice or drops it past a capacity "
     "writes it), at any position of a token's row, some tokens with none routed",
 )
