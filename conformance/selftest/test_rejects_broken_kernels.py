@@ -62,6 +62,11 @@ BROKEN = (
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
 EXPECTED_MESSAGE = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_MESSAGE", {}).items()}
+#: The verdicts of the watchdog (:mod:`conformance.watchdog`, :mod:`conformance.run.check_worker`): a
+#: kernel that hangs in TPU interpret mode.
+WATCHDOG_VERDICTS = ("did not finish within", "beyond the watchdog's reach")
+#: The broken kernels whose defect is a hang: the check meant for each waits out the watchdog.
+HANGING = frozenset(k for k, text in EXPECTED_MESSAGE.items() if text.startswith(WATCHDOG_VERDICTS))
 #: A broken kernel whose check the sweep runs on one case only (a ``-k`` word of its test ids)
 EXPECTED_ON = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_ON", {}).items()}
 #: Correct kernels of other styles: the checks each must pass.
@@ -260,7 +265,7 @@ def builtin_verdicts_of_earlier_runs(reports: list[Path]) -> tuple[Verdicts | No
 
 
 def _pallas_kernels() -> set[str]:
-    """The registered Pallas kernels (the sweep's half that TPU interpret mode runs)."""
+    """The registered Pallas kernels (those of the sweep's run that TPU interpret mode runs)."""
     from conformance import registry, specs
 
     return {i.name for family in specs.FAMILIES for i in registry.registered(family) if i.pallas}
@@ -269,8 +274,10 @@ def _pallas_kernels() -> set[str]:
 def sweep_selections(*, builtins: bool) -> list[str]:
     """The ``-k`` expressions of the sweep's runs: each broken kernel only the check meant for it, each
     correct kernel of another style the checks it must pass (and the built-ins every check, where
-    ``builtins``), in two halves run side by side: the Pallas kernels and the rest. Each kernel's tests
-    stay in one run, so a hang is waited out once and its later checks are not judged."""
+    ``builtins``), in three runs side by side: the Pallas kernels, the rest, and the kernels that hang
+    (:data:`HANGING`), whose wait for the watchdog costs the run's time and no CPU, so that it passes
+    beside the two that compute rather than after one of them. Each kernel's tests stay in one run, so
+    a hang is waited out once and its later checks are not judged."""
     clauses: list[tuple[str, str]] = [
         (impl, f"({impl} and {test}{f' and {EXPECTED_ON[impl]}' if impl in EXPECTED_ON else ''})")
         for impl, test in EXPECTED_REJECTION.items()
@@ -281,11 +288,14 @@ def sweep_selections(*, builtins: bool) -> list[str]:
     passing = {**EXPECTED_PASS, **broken_overlap_kernels.EXPECTED_PASS}  # overlap defects pass the rest
     clauses += [(impl, f"({impl} and ({' or '.join(sorted(tests))}))") for impl, tests in passing.items()]
     pallas = _pallas_kernels()
+    run_of = {
+        impl: "hanging" if impl in HANGING else "pallas" if impl in pallas else "rest" for impl, _ in clauses
+    }
     selections = []
-    for half, builtin_side in ((False, "not pallas_"), (True, "pallas_")):
-        chosen = " or ".join(clause for impl, clause in clauses if (impl in pallas) == half)
+    for run, builtin_side in (("rest", "not pallas_"), ("pallas", "pallas_"), ("hanging", None)):
+        chosen = " or ".join(clause for impl, clause in clauses if run_of[impl] == run)
         selected = f"({chosen}) and ({KERNEL_SUBSET})"
-        if builtins:
+        if builtins and builtin_side:
             selected = f"not (broken_ or correct_) and {builtin_side} and ({BUILTIN_SUBSET}) or {selected}"
         selections.append(selected)
     return selections
@@ -295,7 +305,7 @@ def sweep_selections(*, builtins: bool) -> list[str]:
 def suite_run(tmp_dir: str) -> tuple[Verdicts, str]:
     """{impl: {test: [(outcome, message), ...]}} from the sweep's runs of the conformance suite, and
     their output (the built-ins' from the earlier runs :data:`BUILTIN_VERDICTS` names, where they hold).
-    Its two halves run at once, as two processes (one, in a job of :data:`LAUNCH`): the self-tests'
+    Its three runs go at once, as three processes (one, in a job of :data:`LAUNCH`): the self-tests'
     other worker runs the rest beside them."""
     earlier, _ = builtin_verdicts_of_earlier_runs(BUILTIN_VERDICTS) if SCOPE == "full" else (None, "")
     selections = sweep_selections(builtins=SCOPE == "full" and earlier is None)
