@@ -111,6 +111,8 @@ def _main(argv: list[str]) -> int:
                 claims = [f"{k}={','.join(v)}" for k, v in declared if v is not None]
                 if impl.supports is not None:
                     claims.append(f"supports={getattr(impl.supports, '__qualname__', impl.supports)}")
+                own = specs.get(family).registration_options
+                claims += [f"{k}={v!r}" for k, v in impl.options.items() if k in own and v != own[k].default]
                 claimed = f"  claims {'; '.join(claims)}" if claims else ""
                 print(f"  {impl.name}{tag}  [registered by {impl.module}]{claimed}  {impl.description}")
         return 0

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from conformance import compat
 from conformance.kernels._validation import axis_size, require_divisible
+from conformance.specs.moe_routing import ExpertCapacity
 
 #: ``fn(x, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name, capacity)``,
 #: one device's ragged all-to-all (``capacity``: the largest group; an exchange may ignore it).
@@ -196,3 +197,20 @@ def combined(
     )
     summed = jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), chosen.astype(jnp.float32))
     return summed.astype(expert_rows.dtype)
+
+
+def past_capacity_unrouted(expert_ids: jax.Array, *, experts: int, capacity: ExpertCapacity) -> jax.Array:
+    """One device's ``expert_ids[T, k]`` with the choices a ``group="device"`` capacity rule drops set to
+    -1 (routed nowhere, which :func:`dispatched` and :func:`combined` skip): each expert's running count
+    over the device's (token, choice) rows in ``capacity.order``, the rows past
+    ``capacity.rows(T, k, experts)`` dropped, as MaxText masks its tokens before the exchange."""
+    if capacity.group != "device":
+        raise ValueError(f"past_capacity_unrouted applies a rule within a device's tokens, got {capacity}")
+    t, k = expert_ids.shape
+    room = capacity.rows(t, k, experts)
+    by_token = capacity.order == "token"
+    flat = (expert_ids if by_token else expert_ids.T).reshape(-1)
+    chose = flat[:, None] == jnp.arange(experts)[None, :]  # [T*k, E]; -1 chooses none
+    kept = (chose & (jnp.cumsum(chose, axis=0) <= room)).any(-1)
+    kept = kept.reshape(t, k) if by_token else kept.reshape(k, t).T
+    return jnp.where(kept, expert_ids, -1)

@@ -476,6 +476,7 @@ def compare_with_reference(
         return [
             *placed,
             *_known_mistakes(case, inputs64, out, tol),
+            *_family_explains(case, inputs64, out, tol),
             *_baseline_wrong_too(case, inputs64, expected, tol),
         ]
 
@@ -497,6 +498,18 @@ def _known_mistakes(
         for mistake in case.spec.known_mistakes
         if np.all(np.abs(got - mistake.result(inputs64, axis_size=case.mesh.axis_size)) <= tol)
     ]
+
+
+def _family_explains(
+    case: Case, inputs64: tuple[np.ndarray, ...], out: jax.Array, tol: np.ndarray | float
+) -> list[str]:
+    """What the family says a wrong result lacks or holds
+    (:attr:`~conformance.specs.base.FamilySpec.explain_wrong`); not in a multi-process job, where a rank
+    sees its own shards only."""
+    if case.spec.explain_wrong is None or jax.process_count() > 1:
+        return []
+    got = runner.global_value(out).astype(np.float64)
+    return case.spec.explain_wrong(*inputs64, got, tol, axis_size=case.mesh.axis_size)
 
 
 def _baseline_wrong_too(

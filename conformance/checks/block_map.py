@@ -31,6 +31,10 @@ from conformance.runner import Case
 
 #: How the line saying the family's baseline is wrong too begins (conformance.checks.base).
 BASELINE_PREFIX = "baseline       :"
+#: How the lines begin that name a cause outright, which the failure summary shows before where blocks
+#: landed: a known mistake the result matches, and a family's account of what the result lacks
+#: (:attr:`conformance.specs.base.FamilySpec.explain_wrong`: a MoE dispatch's rows missing).
+CAUSE_PREFIXES = ("known mistake  :", "rows missing   :")
 #: At most this many wrong blocks are named one by one; the rest are counted.
 MAX_NAMED = 4
 
@@ -416,13 +420,17 @@ def _patterns(
 
 
 def summary_line(lines: list[str]) -> str | None:
-    """The one line of :func:`where_blocks_landed`'s that the failure summary shows: a pattern across
-    devices where there is one, else the first wrong block named, else the verdict on placement."""
+    """The one line of a wrong result's explanation that the failure summary shows: the baseline wrong
+    too, else a cause named outright (:data:`CAUSE_PREFIXES`), else of :func:`where_blocks_landed`'s a
+    pattern across devices where there is one, the first wrong block named, the verdict on placement."""
     if not lines:
         return None
     below = [line for line in lines if line.startswith(BASELINE_PREFIX)]
     if below:  # the baseline wrong as well: that is the cause, whatever the blocks say
         return below[0].removeprefix(BASELINE_PREFIX).strip()
+    named_cause = [line for line in lines if line.startswith(CAUSE_PREFIXES)]
+    if named_cause:  # a cause named outright says more than where the blocks went
+        return named_cause[0].split(":", 1)[1].strip()
     patterns = [line for line in lines[1:] if "missing everywhere" in line or "wrong blocks only" in line]
     named = [line for line in lines[1:] if line.startswith("  out rows")]
     if patterns or named:

@@ -21,6 +21,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_moe_dispatch_rows_in_arrival_order": "test_values",
     "broken_moe_dispatch_offsets_read_on_the_receivers_side": "test_values",
     "broken_moe_dispatch_drops_tokens_past_a_capacity": "test_values",
+    "broken_moe_dispatch_declares_token_order_drops_by_choice": "test_values",
     "broken_moe_dispatch_assumes_contiguous_placement": "test_values",
     "broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert": "test_values",
     "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "test_gradients",
@@ -30,7 +31,8 @@ EXPECTED_REJECTION: dict[str, str] = {
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_moe_dispatch_rows_in_arrival_order": "in the order the exchange delivers them",
     "broken_moe_dispatch_offsets_read_on_the_receivers_side": "values differ from the numpy float64",
-    "broken_moe_dispatch_drops_tokens_past_a_capacity": "values differ from the numpy float64 reference",
+    "broken_moe_dispatch_drops_tokens_past_a_capacity": "kept its first rows in token order",
+    "broken_moe_dispatch_declares_token_order_drops_by_choice": "values differ from the numpy float64",
     "broken_moe_dispatch_assumes_contiguous_placement": "values differ from the numpy float64 reference",
     "broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert": "values differ from the numpy float64",
     "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "d_tokens",
@@ -132,6 +134,28 @@ def broken_moe_dispatch_drops_tokens_past_a_capacity(tokens, expert_ids, placeme
         )
 
     return _dispatch("broken_moe_dispatch_drops_tokens_past_a_capacity", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register(
+    "moe_dispatch",
+    name="broken_moe_dispatch_declares_token_order_drops_by_choice",
+    capacity=conformance.ExpertCapacity(1.0, group="device", order="token"),
+)
+def broken_moe_dispatch_declares_token_order_drops_by_choice(
+    tokens, expert_ids, placement, *, mesh, axis_name
+):
+    """Declares MaxText's capacity (token order) and drops by GShard's priority (every first choice
+    before any second): the same room an expert, other rows dropped where a hot expert is some tokens'
+    second choice."""
+    by_choice = conformance.ExpertCapacity(1.0, group="device", order="choice")
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        kept = _moe.past_capacity_unrouted(expert_ids, experts=placement.size * n, capacity=by_choice)
+        return _moe.dispatched(tokens, kept, placement, n=n, axis_name=axis_name, exchange=_moe.xla_exchange)
+
+    return _dispatch("broken_moe_dispatch_declares_token_order_drops_by_choice", body)(
         tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
     )
 

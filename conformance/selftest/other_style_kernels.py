@@ -18,6 +18,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import conformance
+from conformance.kernels import _moe
 from conformance.targets import mosaic
 
 EXPECTED_PASS: dict[str, set[str]] = {
@@ -86,6 +87,22 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_collectives",
         "test_gradients",
         "test_backward_collectives",
+        "test_lowered_bytes",
+    },
+    # MaxText's capacity: each device masks its tokens' choices past ceil(factor * T * k / E) rows an
+    # expert (a cumulative count over its tokens, in token order) and sends only the rest, declared as
+    # conformance.ExpertCapacity. The reference must drop the same rows, or every hot routing is a
+    # false failure.
+    "correct_moe_dispatch_with_declared_capacity": {
+        "test_values",
+        "test_gradients",
+        "test_collectives",
+        "test_lowered_bytes",
+    },
+    "correct_moe_combine_with_declared_capacity": {
+        "test_values",
+        "test_gradients",
+        "test_collectives",
         "test_lowered_bytes",
     },
     # A ragged exchange whose wrapper gathers every device's offsets and sizes (as JAX's Pallas ragged
@@ -406,6 +423,60 @@ def correct_moe_combine_ppermute_shifts(expert_rows, weights, expert_ids, placem
     return jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name),) * 4, out_specs=P(axis_name))(
         expert_rows, weights, expert_ids, placement
     )
+
+
+#: The capacity rule of the two kernels below: MaxText's factor of 1, within each device's tokens.
+MAXTEXT_CAPACITY = conformance.ExpertCapacity(1.0, group="device", order="token")
+
+
+@conformance.register(
+    "moe_dispatch",
+    name="correct_moe_dispatch_with_declared_capacity",
+    differentiable=True,
+    capacity=MAXTEXT_CAPACITY,
+    description="MaxText's capacity mask on each device's choices, then the baseline's exchange",
+)
+def correct_moe_dispatch_with_declared_capacity(tokens, expert_ids, placement, *, mesh, axis_name):
+    n = _moe.validate(
+        "correct_moe_dispatch_with_declared_capacity",
+        ("tokens", tokens),
+        expert_ids,
+        placement,
+        mesh,
+        axis_name,
+    )
+
+    def body(tokens, ids, hosted):
+        kept = _moe.past_capacity_unrouted(ids, experts=n * hosted.shape[-1], capacity=MAXTEXT_CAPACITY)
+        return _moe.dispatched(tokens, kept, hosted, n=n, axis_name=axis_name, exchange=_moe.xla_exchange)
+
+    return _moe.per_device(body, mesh, axis_name, (tokens, expert_ids, placement))
+
+
+@conformance.register(
+    "moe_combine",
+    name="correct_moe_combine_with_declared_capacity",
+    differentiable=True,
+    capacity=MAXTEXT_CAPACITY,
+    description="MaxText's capacity mask on each device's choices, then the baseline's exchange back",
+)
+def correct_moe_combine_with_declared_capacity(
+    expert_rows, weights, expert_ids, placement, *, mesh, axis_name
+):
+    n = _moe.validate(
+        "correct_moe_combine_with_declared_capacity",
+        ("weights", weights),
+        expert_ids,
+        placement,
+        mesh,
+        axis_name,
+    )
+
+    def body(rows, w, ids, hosted):
+        kept = _moe.past_capacity_unrouted(ids, experts=n * hosted.shape[-1], capacity=MAXTEXT_CAPACITY)
+        return _moe.combined(rows, w, kept, hosted, n=n, axis_name=axis_name, exchange=_moe.xla_exchange)
+
+    return _moe.per_device(body, mesh, axis_name, (expert_rows, weights, expert_ids, placement))
 
 
 @conformance.register(

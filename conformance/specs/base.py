@@ -227,6 +227,10 @@ class FamilySpec:
     #: Ways kernels of the family are known to go wrong, each as the result it gives: a wrong result
     #: that matches one is named by it.
     known_mistakes: tuple[KnownMistake, ...] = ()
+    #: (float64 inputs..., the result as float64, tolerance, axis_size=) -> lines saying what a wrong
+    #: result lacks or holds, beyond where its blocks landed (a MoE dispatch's rows missing, expert by
+    #: expert); ``[]`` where it has nothing to say. ``None``: the family says nothing more.
+    explain_wrong: Callable[..., list[str]] | None = None
     #: The same for gradients: each mistake's reference takes the float64 inputs and the cotangent and
     #: gives every data operand's gradient (a tuple); the gradients check names a match.
     vjp_known_mistakes: tuple[KnownMistake, ...] = ()

@@ -151,6 +151,11 @@ MOE_COMBINE = FamilySpec(
     "the forward bound, " + moe_routing.PADDED_EXCHANGE_TEXT,
     known_mistakes=KNOWN_MISTAKES,
     bench_dims=moe_routing.bench_dims,
+    registration_options={
+        "capacity": moe_routing.capacity_option(
+            least_received=lambda ids, where: moe_routing.most_received_of(ids, where, back=True)
+        )
+    },
 )
 
 #: This module's family (:mod:`conformance.specs` collects it).

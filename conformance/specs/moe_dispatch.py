@@ -80,6 +80,100 @@ KNOWN_MISTAKES = (
 )
 
 
+def rows_missing(tokens, expert_ids, placement, got, tol, *, axis_size: int) -> list[str]:
+    """Each expert whose group lacks rows of its tokens, and whether every such expert kept the first of
+    its rows in token order, as a capacity drops them; ``[]`` where no row is missing. Each device's
+    rows are read as the tokens they copy (bit for bit: rows are copied) and aligned with the rows the
+    reference puts there, in order (a longest common subsequence), so that a group shifted by the rows
+    missing before it, or holding another token's row in place of its own, is read as what it lacks."""
+    rows = moe_routing.rows_per_device(expert_ids, placement)
+    t_per = tokens.shape[0] // axis_size
+    short: list[tuple[int, int, list[int], list[int]]] = []
+    for d, hosted in enumerate(placement.astype(np.int64)):
+        expected = []  # (expert, token) of each of device d's rows, in the reference's order
+        for e in hosted:
+            expected += [(int(e), int(t)) for t in np.unique(np.nonzero(expert_ids == e)[0])]
+        copies = [
+            set(np.nonzero((tokens == row).all(axis=1))[0].tolist()) for row in got[d * rows : (d + 1) * rows]
+        ]
+        found = _aligned([t for _, t in expected], copies)
+        for e in hosted:
+            routed = [t for (x, t) in expected if x == e]
+            lost = [t for i, (x, t) in enumerate(expected) if x == e and i not in found]
+            if lost:
+                short.append((int(e), d, routed, lost))
+    if not short:
+        return []
+    said = [
+        f"expert {e} (on device {d}) received {len(routed) - len(lost)} of {len(routed)} rows, "
+        f"missing token{'s' if len(lost) > 1 else ''} {_spans(lost)}"
+        for e, d, routed, lost in short
+    ]
+    listed = "; ".join(said[:4]) + (f"; and {len(said) - 4} more experts" if len(said) > 4 else "")
+    kept = _kept_first([(routed, lost) for _, _, routed, lost in short], t_per)
+    if kept is None:
+        return [f"rows missing   : {listed}"]
+    return [
+        f"rows missing   : every short expert kept its first rows in token order {kept} and lost the rest, "
+        f"as dropping past an expert capacity does: {listed}",
+        "               : a kernel that drops declares its rule, conformance.register(..., capacity="
+        "conformance.ExpertCapacity(factor, group=, order=)), and the reference drops the same rows",
+    ]
+
+
+def _aligned(expected: list[int], copies: list[set[int]]) -> set[int]:
+    """The positions of ``expected`` (a token a row) matched in a longest common subsequence with the
+    rows ``copies`` (the tokens each row is a copy of)."""
+    m, k = len(expected), len(copies)
+    best = np.zeros((m + 1, k + 1), dtype=np.int64)
+    for i in range(m - 1, -1, -1):
+        for j in range(k - 1, -1, -1):
+            if expected[i] in copies[j]:
+                best[i, j] = best[i + 1, j + 1] + 1
+            else:
+                best[i, j] = max(best[i + 1, j], best[i, j + 1])
+    matched, i, j = set(), 0, 0
+    while i < m and j < k:
+        if expected[i] in copies[j]:
+            matched.add(i)
+            i, j = i + 1, j + 1
+        elif best[i + 1, j] >= best[i, j + 1]:
+            i += 1
+        else:
+            j += 1
+    return matched
+
+
+def _kept_first(experts: list[tuple[list[int], list[int]]], t_per: int) -> str | None:
+    """How each expert's rows kept are the first of its rows (``routed``, ``lost``) in token order:
+    ``"overall"``, ``"within each sender's tokens"``; ``None`` where they are not."""
+
+    def first(kept: list[int], lost: list[int]) -> bool:
+        """A capacity keeps at least one row of a group that routes any (its room is at least 1)."""
+        return not lost or (bool(kept) and max(kept) < min(lost))
+
+    def split(tokens: list[int], s: int) -> list[int]:
+        return [t for t in tokens if t // t_per == s]
+
+    kept = [([t for t in routed if t not in lost], lost) for routed, lost in experts]
+    if all(first(k, lost) for k, lost in kept):
+        return "(overall)"
+    if all(first(split(k, s), split(lost, s)) for k, lost in kept for s in {t // t_per for t in k + lost}):
+        return "(within each sender's tokens)"
+    return None
+
+
+def _spans(tokens: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    spans: list[list[int]] = []
+    for t in tokens:
+        if spans and t == spans[-1][1] + 1:
+            spans[-1][1] = t
+        else:
+            spans.append([t, t])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
 def vjp_reference(tokens, expert_ids, placement, ct):
     """Each token's gradient: the sum of the cotangents of the rows it became."""
     at = moe_routing.slots(expert_ids, placement)
@@ -140,7 +234,13 @@ MOE_DISPATCH = FamilySpec(
     block_tags=_block_tags,
     block_unit="group",
     known_mistakes=KNOWN_MISTAKES,
+    explain_wrong=rows_missing,
     bench_dims=moe_routing.bench_dims,
+    registration_options={
+        "capacity": moe_routing.capacity_option(
+            least_received=lambda ids, where: moe_routing.most_received_of(ids, where, back=False)
+        )
+    },
 )
 
 #: This module's family (:mod:`conformance.specs` collects it).

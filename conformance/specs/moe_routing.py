@@ -28,16 +28,34 @@ lands sender ``i``'s group on device ``d`` after those of senders ``0 .. i-1`` (
 the gathered counts, as the sender sees them), and device ``d`` permutes its rows from sender-major to
 expert-major order (docs/families.md).
 
+**Capacity.** A kernel that drops tokens past an expert capacity declares its rule
+(:class:`ExpertCapacity`, the registration option ``capacity`` of both families): the reference then
+drops the same (token, choice) rows, each then as a choice routed nowhere, and the experts' rows are
+the kept rows in the layout above. A kernel that drops without declaring it fails the values check,
+which names each expert's missing rows.
+
 **Routings** (the ``routing`` dim): kinds of traffic MoE kernels break on, laid out from the dims by a
 fixed generator (:func:`expert_ids`), so that a case's token pins them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Callable
+
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from conformance.specs.base import BadInput, Dims, Operand
+from conformance.specs.base import (
+    BadInput,
+    Dims,
+    FamilySpec,
+    FormChange,
+    KnownMistake,
+    Operand,
+    RegistrationOption,
+)
 
 #: The kinds of routing the ``routing`` dim names, by value (0, 1, ...).
 ROUTINGS = (
@@ -168,7 +186,12 @@ def rows_moved(ids: np.ndarray, where: np.ndarray) -> np.ndarray:
 def most_received(d: Dims, n: int, *, back: bool) -> int:
     """The most rows one device receives from the others: an expert device's (``back``: a token
     device's, the rows coming back)."""
-    moved = rows_moved(expert_ids(d, n), placement(d, n))
+    return most_received_of(expert_ids(d, n), placement(d, n), back=back)
+
+
+def most_received_of(ids: np.ndarray, where: np.ndarray, *, back: bool) -> int:
+    """:func:`most_received` of the routing ``ids`` and placement ``where``."""
+    moved = rows_moved(ids, where)
     np.fill_diagonal(moved, 0)
     return int((moved.sum(1) if back else moved.sum(0)).max(initial=0))
 
@@ -243,3 +266,134 @@ def bad_inputs(first: str, n: int, *, shapes) -> tuple[BadInput, ...]:
         ),
     )
     return (divisibility if n > 1 else ()) + unknown_axis
+
+
+#: :attr:`ExpertCapacity.group`'s values: whose tokens compete for an expert's room.
+CAPACITY_GROUPS = ("device", "all")
+#: :attr:`ExpertCapacity.order`'s values: which of them an expert keeps.
+CAPACITY_ORDERS = ("token", "choice")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertCapacity:
+    """A MoE kernel's capacity rule, declared with ``conformance.register(..., capacity=...)`` in both MoE
+    families: each expert keeps at most :meth:`rows` of the (token, choice) rows a group of tokens routes
+    to it, and drops the rest, as MaxText and GShard drop past an expert capacity. A dropped choice is as
+    one routed nowhere (:data:`UNROUTED`): its row takes no slot, and a combine adds nothing for it.
+
+    ``factor``: the capacity factor; a group of ``G`` tokens gives each of the ``E`` experts room for
+    ``ceil(factor * G * k / E)`` rows (:meth:`rows`, which a kernel calls to size its buffers, so that it
+    and the reference agree on the rounding).
+    ``group``: whose tokens compete for that room: ``"device"``, each device's ``T`` tokens (the rule
+    applied on each token device's own routing before the exchange, as an expert-parallel layer drops
+    within its batch); ``"all"``, all ``n * T`` tokens in global order (a rule applied where every
+    token's routing is known, as an all-gather form can).
+    ``order``: which rows an expert keeps: ``"token"``, the first in token order (MaxText's cumulative
+    count over a group's tokens and their choices); ``"choice"``, every token's first choice before any
+    token's second (GShard's priority: a token's top choice is dropped last).
+    """
+
+    factor: float
+    group: str = "device"
+    order: str = "token"
+
+    def __post_init__(self) -> None:
+        if type(self.factor) not in (int, float) or not math.isfinite(self.factor) or self.factor <= 0:
+            raise ValueError(f"ExpertCapacity: factor must be a positive number, got {self.factor!r}")
+        if self.group not in CAPACITY_GROUPS:
+            raise ValueError(f"ExpertCapacity: group must be one of {CAPACITY_GROUPS}, got {self.group!r}")
+        if self.order not in CAPACITY_ORDERS:
+            raise ValueError(f"ExpertCapacity: order must be one of {CAPACITY_ORDERS}, got {self.order!r}")
+
+    def rows(self, tokens: int, top_k: int, experts: int) -> int:
+        """The room of one expert in a group of ``tokens`` tokens routing ``top_k`` choices each over
+        ``experts`` experts: ``ceil(factor * tokens * top_k / experts)``."""
+        return math.ceil(self.factor * tokens * top_k / experts)
+
+    def describe(self) -> str:
+        whose = "each device's T tokens" if self.group == "device" else "all n*T tokens"
+        which = "in token order" if self.order == "token" else "first choices before second ones"
+        return (
+            f"capacity factor {self.factor:g} over {whose}, ceil(factor*G*k/E) rows an expert, kept {which}"
+        )
+
+
+def capped(ids: np.ndarray, where: np.ndarray, capacity: ExpertCapacity) -> np.ndarray:
+    """``ids[n*T, k]`` with the choices ``capacity`` drops set to :data:`UNROUTED`, for the placement
+    ``where[n, X]`` (its size is ``E``)."""
+    n, (total, k) = where.shape[0], ids.shape
+    group = total // n if capacity.group == "device" else total
+    room = capacity.rows(group, k, where.size)
+    out = ids.copy()
+    for first in range(0, total, max(group, 1)):
+        tokens = range(first, first + group)
+        if capacity.order == "token":
+            pairs = [(t, j) for t in tokens for j in range(k)]
+        else:
+            pairs = [(t, j) for j in range(k) for t in tokens]
+        taken: dict[int, int] = {}
+        for t, j in pairs:
+            expert = int(ids[t, j])
+            if expert == UNROUTED:
+                continue
+            taken[expert] = taken.get(expert, 0) + 1
+            if taken[expert] > room:
+                out[t, j] = UNROUTED
+    return out
+
+
+def with_capacity(
+    spec: FamilySpec, capacity: ExpertCapacity, *, least_received: Callable[..., int]
+) -> FamilySpec:
+    """A MoE family's form for a kernel declaring ``capacity``: every reference, tolerance and known
+    mistake of ``spec`` on the case's ``expert_ids`` with the dropped choices :data:`UNROUTED`
+    (:func:`capped`); the least a device receives ``least_received(expert_ids, placement)`` rows of the
+    capped routing. The operands, the layout and the most a device may receive are the family's."""
+    names = spec.operand_names
+    at_ids, at_where = names.index("expert_ids"), names.index("placement")
+
+    def cap(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """The operands (and whatever follows them: a cotangent, a dtype) with the routing capped."""
+        out = list(arrays)
+        out[at_ids] = capped(np.asarray(arrays[at_ids]), np.asarray(arrays[at_where]), capacity)
+        return tuple(out)
+
+    def on_capped(fn: Callable[..., object] | None) -> Callable[..., object] | None:
+        return None if fn is None else lambda *args, **kwargs: fn(*cap(args), **kwargs)
+
+    def reference(*inputs: np.ndarray, axis_size: int) -> np.ndarray:
+        return spec.expected(cap(inputs), axis_size=axis_size)
+
+    def mistake(known: KnownMistake) -> KnownMistake:
+        return KnownMistake(known.description, on_capped(known.reference))
+
+    def least(d: Dims, n: int, itemsize: int) -> int:
+        ids = capped(expert_ids(d, n), placement(d, n), capacity)
+        return least_received(ids, placement(d, n)) * d["hidden"] * itemsize
+
+    return dataclasses.replace(
+        spec,
+        summary=f"{spec.summary}; {capacity.describe()}, the rest dropped",
+        reference=reference,
+        tolerance=on_capped(spec.tolerance),
+        vjp_reference=on_capped(spec.vjp_reference),
+        vjp_tolerance=on_capped(spec.vjp_tolerance),
+        known_mistakes=tuple(mistake(k) for k in spec.known_mistakes),
+        vjp_known_mistakes=tuple(mistake(k) for k in spec.vjp_known_mistakes),
+        explain_wrong=on_capped(spec.explain_wrong),
+        min_received_bytes=least,
+        family_form=FormChange(dims=dict, fold=cap, unfold=lambda value, like: value),
+    )
+
+
+def capacity_option(*, least_received: Callable[..., int]) -> RegistrationOption:
+    """The registration option ``capacity`` of a MoE family whose least received rows are
+    ``least_received(expert_ids, placement)``."""
+    return RegistrationOption(
+        default=None,
+        accepts=lambda v: v is None or isinstance(v, ExpertCapacity),
+        expects="None or a conformance.ExpertCapacity",
+        doc="the kernel's rule for dropping tokens past an expert capacity (conformance.ExpertCapacity: "
+        "factor, group, order); the reference drops the same (token, choice) rows. None: it drops none",
+        derive=lambda spec, capacity: with_capacity(spec, capacity, least_received=least_received),
+    )
