@@ -32,6 +32,8 @@ token is within it (each token's ``k`` rows are at least one).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -85,7 +87,8 @@ def rows_missing(tokens, expert_ids, placement, got, tol, *, axis_size: int) -> 
     its rows in token order, as a capacity drops them; ``[]`` where no row is missing. Each device's
     rows are read as the tokens they copy (bit for bit: rows are copied) and aligned with the rows the
     reference puts there, in order (a longest common subsequence), so that a group shifted by the rows
-    missing before it, or holding another token's row in place of its own, is read as what it lacks."""
+    missing before it, or holding another token's row in place of its own, is read as what it lacks; a
+    token is short only by the copies of its row the device lacks, so rows out of order lack nothing."""
     rows = moe_routing.rows_per_device(expert_ids, placement)
     t_per = tokens.shape[0] // axis_size
     short: list[tuple[int, int, list[int], list[int]]] = []
@@ -97,9 +100,17 @@ def rows_missing(tokens, expert_ids, placement, got, tol, *, axis_size: int) -> 
             set(np.nonzero((tokens == row).all(axis=1))[0].tolist()) for row in got[d * rows : (d + 1) * rows]
         ]
         found = _aligned([t for _, t in expected], copies)
+        # a token is short of rows only where the device holds fewer copies of it than it should (rows
+        # out of order are all there); the alignment says which of its groups lack them
+        deficit = Counter(t for _, t in expected)
+        deficit.subtract(t for held in copies for t in held)
+        unmatched = [i for i in range(len(expected)) if i not in found]
+        missing = set()
+        for t in {expected[i][1] for i in unmatched}:
+            missing |= set([i for i in unmatched if expected[i][1] == t][: max(deficit[t], 0)])
         for e in hosted:
             routed = [t for (x, t) in expected if x == e]
-            lost = [t for i, (x, t) in enumerate(expected) if x == e and i not in found]
+            lost = [t for i, (x, t) in enumerate(expected) if x == e and i in missing]
             if lost:
                 short.append((int(e), d, routed, lost))
     if not short:

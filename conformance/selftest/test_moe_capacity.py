@@ -1,0 +1,105 @@
+"""A MoE kernel's declared capacity rule (``conformance.ExpertCapacity``): the reference drops the rows
+the rule drops, and a dispatch missing rows is told which expert lacks which tokens' rows."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import conformance
+from conformance.specs import moe_dispatch, moe_routing
+from conformance.specs.moe_routing import UNROUTED
+
+pytestmark = pytest.mark.selftest
+
+#: 2 devices of 4 tokens, 2 experts each, top 2; every token's first choice expert 0 (a hot expert).
+IDS = np.array([[0, 1], [0, 3], [0, 1], [0, 2], [0, 3], [0, 1], [2, 0], [0, 3]])
+WHERE = np.arange(4).reshape(2, 2)
+
+
+def test_a_device_group_in_token_order_keeps_each_expert_s_first_rows_of_each_device() -> None:
+    rule = conformance.ExpertCapacity(1.0, group="device", order="token")
+    assert rule.rows(4, 2, 4) == 2  # ceil(1.0 * 4 tokens * 2 choices / 4 experts)
+    kept = moe_routing.capped(IDS, WHERE, rule)
+    # device 0: expert 0 keeps tokens 0, 1; expert 1 tokens 0, 2; expert 3 token 1
+    # device 1: expert 0 keeps tokens 4, 5 (token 6's second choice and token 7's are past it)
+    assert kept.tolist() == [
+        [0, 1],
+        [0, 3],
+        [UNROUTED, 1],
+        [UNROUTED, 2],
+        [0, 3],
+        [0, 1],
+        [2, UNROUTED],
+        [UNROUTED, 3],
+    ]
+
+
+def test_choice_order_keeps_every_first_choice_before_a_second_and_all_counts_every_token() -> None:
+    rule = conformance.ExpertCapacity(1.0, group="all", order="choice")
+    assert rule.rows(8, 2, 4) == 4
+    kept = moe_routing.capped(IDS, WHERE, rule)
+    # expert 0 takes the first choices of tokens 0..3; tokens 4, 5 and 7's first choices and token 6's
+    # second are past its room; the other experts are within theirs
+    u = UNROUTED
+    assert kept.tolist() == [[0, 1], [0, 3], [0, 1], [0, 2], [u, 3], [u, 1], [2, u], [u, 3]]
+
+
+def test_the_capped_reference_is_the_family_s_on_the_capped_routing() -> None:
+    spec = moe_dispatch.MOE_DISPATCH.registration_options["capacity"].derive(
+        moe_dispatch.MOE_DISPATCH, conformance.ExpertCapacity(1.0)
+    )
+    tokens = np.random.default_rng(0).normal(size=(8, 3))
+    capped = moe_routing.capped(IDS, WHERE, conformance.ExpertCapacity(1.0))
+    got = spec.expected((tokens, IDS, WHERE), axis_size=2)
+    assert np.array_equal(got, moe_dispatch.reference(tokens, capped, WHERE))
+    assert not np.array_equal(got, moe_dispatch.reference(tokens, IDS, WHERE))
+    assert "capacity factor 1" in spec.summary
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (dict(factor=0), "factor must be a positive number"),
+        (dict(factor=float("inf")), "factor must be a positive number"),
+        (dict(factor=1.0, group="batch"), "group must be one of ('device', 'all')"),
+        (dict(factor=1.0, order="random"), "order must be one of ('token', 'choice')"),
+    ],
+)
+def test_a_rule_that_means_nothing_is_refused_naming_the_field(bad, says) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        conformance.ExpertCapacity(**bad)
+
+
+def test_a_capacity_that_is_no_rule_is_a_registration_error() -> None:
+    with pytest.raises(
+        TypeError, match=re.escape("capacity must be None or a conformance.ExpertCapacity, got 1.25")
+    ):
+        conformance.register("moe_dispatch", name="selftest_capacity_as_a_number", capacity=1.25)
+
+
+def test_missing_rows_are_named_by_expert_and_a_capacity_s_pattern_said() -> None:
+    tokens = np.random.default_rng(1).normal(size=(8, 3))
+    expected = moe_dispatch.reference(tokens, IDS, WHERE)
+    rule = conformance.ExpertCapacity(1.0)
+    dropped = moe_dispatch.reference(tokens, moe_routing.capped(IDS, WHERE, rule), WHERE)
+    lines = moe_dispatch.rows_missing(tokens, IDS, WHERE, dropped, 0.0, axis_size=2)
+    assert lines[0].startswith("rows missing   : every short expert kept its first rows in token order"), (
+        lines
+    )
+    assert "(within each sender's tokens)" in lines[0]
+    assert "expert 0 (on device 0) received 4 of 8 rows, missing tokens 2-3, 6-7" in lines[0], lines
+    assert "capacity=conformance.ExpertCapacity" in lines[1]
+    # a device's own rows overwritten by another's: rows missing, no capacity said
+    overwritten = expected.copy()
+    overwritten[0:2] = expected[2:4]
+    lines = moe_dispatch.rows_missing(tokens, IDS, WHERE, overwritten, 0.0, axis_size=2)
+    assert lines == ["rows missing   : expert 0 (on device 0) received 6 of 8 rows, missing tokens 0-1"], (
+        lines
+    )
+    # rows in the wrong order are all there: nothing missing to say
+    shuffled = expected.copy()
+    shuffled[[0, 1]] = expected[[1, 0]]
+    assert moe_dispatch.rows_missing(tokens, IDS, WHERE, shuffled, 0.0, axis_size=2) == []
