@@ -96,9 +96,10 @@ def test_missing_rows_are_named_by_expert_and_a_capacity_s_pattern_said() -> Non
     overwritten = expected.copy()
     overwritten[0:2] = expected[2:4]
     lines = moe_dispatch.rows_missing(tokens, IDS, WHERE, overwritten, 0.0, axis_size=2)
-    assert lines == ["rows missing   : expert 0 (on device 0) received 6 of 8 rows, missing tokens 0-1"], (
-        lines
-    )
+    assert lines == [
+        "rows missing   : expert 0 (on device 0) received 6 of 8 rows, missing tokens 0-1",
+        "rows extra     : device 0 holds 2 rows of tokens 2-3 beyond the copies routed to its experts",
+    ], lines
     # rows in the wrong order are all there: nothing missing to say
     shuffled = expected.copy()
     shuffled[[0, 1]] = expected[[1, 0]]

@@ -84,14 +84,17 @@ KNOWN_MISTAKES = (
 
 def rows_missing(tokens, expert_ids, placement, got, tol, *, axis_size: int) -> list[str]:
     """Each expert whose group lacks rows of its tokens, and whether every such expert kept the first of
-    its rows in token order, as a capacity drops them; ``[]`` where no row is missing. Each device's
-    rows are read as the tokens they copy (bit for bit: rows are copied) and aligned with the rows the
-    reference puts there, in order (a longest common subsequence), so that a group shifted by the rows
-    missing before it, or holding another token's row in place of its own, is read as what it lacks; a
-    token is short only by the copies of its row the device lacks, so rows out of order lack nothing."""
+    its rows in token order, as a capacity drops them; each device holding more copies of a token's row
+    than its experts are routed; ``[]`` where no row is missing or extra. Each device's rows are read
+    as the tokens they copy (bit for bit: rows are copied) and aligned with the rows the reference puts
+    there, in order (a longest common subsequence), so that a group shifted by the rows missing before
+    it, or holding another token's row in place of its own, is read as what it lacks; a token is short
+    (or over) only by the copies of its row the device lacks (or holds beyond its own), so rows out of
+    order are neither."""
     rows = moe_routing.rows_per_device(expert_ids, placement)
     t_per = tokens.shape[0] // axis_size
     short: list[tuple[int, int, list[int], list[int]]] = []
+    over: list[tuple[int, list[int], int]] = []
     for d, hosted in enumerate(placement.astype(np.int64)):
         expected = []  # (expert, token) of each of device d's rows, in the reference's order
         for e in hosted:
@@ -99,42 +102,56 @@ def rows_missing(tokens, expert_ids, placement, got, tol, *, axis_size: int) -> 
         copies = [
             set(np.nonzero((tokens == row).all(axis=1))[0].tolist()) for row in got[d * rows : (d + 1) * rows]
         ]
-        found = _aligned([t for _, t in expected], copies)
-        # a token is short of rows only where the device holds fewer copies of it than it should (rows
-        # out of order are all there); the alignment says which of its groups lack them
-        deficit = Counter(t for _, t in expected)
-        deficit.subtract(t for held in copies for t in held)
+        pairs = _aligned([t for _, t in expected], copies)
+        balance = Counter(t for _, t in expected)  # > 0: copies lacking; < 0: copies beyond its own
+        balance.subtract(t for held in copies for t in held)
+        found = {i for i, _ in pairs}
         unmatched = [i for i in range(len(expected)) if i not in found]
-        missing = set()
+        missing: set[int] = set()
         for t in {expected[i][1] for i in unmatched}:
-            missing |= set([i for i in unmatched if expected[i][1] == t][: max(deficit[t], 0)])
+            missing |= set([i for i in unmatched if expected[i][1] == t][: max(balance[t], 0)])
         for e in hosted:
             routed = [t for (x, t) in expected if x == e]
             lost = [t for i, (x, t) in enumerate(expected) if x == e and i in missing]
             if lost:
                 short.append((int(e), d, routed, lost))
-    if not short:
-        return []
-    said = [
-        f"expert {e} (on device {d}) received {len(routed) - len(lost)} of {len(routed)} rows, "
-        f"missing token{'s' if len(lost) > 1 else ''} {_spans(lost)}"
-        for e, d, routed, lost in short
-    ]
-    listed = "; ".join(said[:4]) + (f"; and {len(said) - 4} more experts" if len(said) > 4 else "")
-    kept = _kept_first([(routed, lost) for _, _, routed, lost in short], t_per)
-    if kept is None:
-        return [f"rows missing   : {listed}"]
-    return [
-        f"rows missing   : every short expert kept its first rows in token order {kept} and lost the rest, "
-        f"as dropping past an expert capacity does: {listed}",
-        "               : a kernel that drops declares its rule, conformance.register(..., capacity="
-        "conformance.ExpertCapacity(factor, group=, order=)), and the reference drops the same rows",
-    ]
+        beyond = sorted(t for t in balance if balance[t] < 0)
+        if beyond:
+            over.append((d, beyond, -sum(balance[t] for t in beyond)))
+    lines = []
+    if short:
+        said = [
+            f"expert {e} (on device {d}) received {len(routed) - len(lost)} of {len(routed)} rows, "
+            f"missing token{'s' if len(lost) > 1 else ''} {_spans(lost)}"
+            for e, d, routed, lost in short
+        ]
+        listed = "; ".join(said[:4]) + (f"; and {len(said) - 4} more experts" if len(said) > 4 else "")
+        kept = _kept_first([(routed, lost) for _, _, routed, lost in short], t_per)
+        if kept is None or over:
+            lines.append(f"rows missing   : {listed}")
+        else:
+            lines += [
+                f"rows missing   : every short expert kept its first rows in token order {kept} and lost the "
+                f"rest, as dropping past an expert capacity does: {listed}",
+                "               : a kernel that drops declares its rule, conformance.register(..., capacity="
+                "conformance.ExpertCapacity(factor, group=, order=)), and the reference drops the same rows",
+            ]
+    if over:
+        said = [
+            f"device {d} holds {count} row{'s' if count > 1 else ''} of token{'s' if len(ts) > 1 else ''} "
+            f"{_spans(ts)} beyond the copies routed to its experts"
+            for d, ts, count in over
+        ]
+        lines.append(
+            f"rows extra     : {'; '.join(said[:4])}"
+            + (f"; and {len(said) - 4} more devices" if len(said) > 4 else "")
+        )
+    return lines
 
 
-def _aligned(expected: list[int], copies: list[set[int]]) -> set[int]:
-    """The positions of ``expected`` (a token a row) matched in a longest common subsequence with the
-    rows ``copies`` (the tokens each row is a copy of)."""
+def _aligned(expected: list[int], copies: list[set[int]]) -> list[tuple[int, int]]:
+    """The positions (of ``expected``, a token a row; of the rows ``copies``, the tokens each row is a
+    copy of) matched in a longest common subsequence of the two."""
     m, k = len(expected), len(copies)
     best = np.zeros((m + 1, k + 1), dtype=np.int64)
     for i in range(m - 1, -1, -1):
@@ -143,10 +160,10 @@ def _aligned(expected: list[int], copies: list[set[int]]) -> set[int]:
                 best[i, j] = best[i + 1, j + 1] + 1
             else:
                 best[i, j] = max(best[i + 1, j], best[i, j + 1])
-    matched, i, j = set(), 0, 0
+    matched, i, j = [], 0, 0
     while i < m and j < k:
         if expected[i] in copies[j]:
-            matched.add(i)
+            matched.append((i, j))
             i, j = i + 1, j + 1
         elif best[i + 1, j] >= best[i, j + 1]:
             i += 1
