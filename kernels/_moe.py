@@ -214,3 +214,60 @@ def past_capacity_unrouted(expert_ids: jax.Array, *, experts: int, capacity: Exp
     kept = (chose & (jnp.cumsum(chose, axis=0) <= room)).any(-1)
     kept = kept.reshape(t, k) if by_token else kept.reshape(k, t).T
     return jnp.where(kept, expert_ids, -1)
+
+
+def maxtext_style_dispatched(
+    tokens: jax.Array,
+    expert_ids: jax.Array,
+    placement: jax.Array,
+    *,
+    n: int,
+    axis_name: str,
+    output_offsets_of: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+) -> jax.Array:
+    """One device's dispatch as MaxText's ragged path writes it (``moe.py``: ``permute``,
+    ``get_all_to_all_params``, ``lax.ragged_all_to_all``, ``local_permute``): ``[C, H]``.
+
+    1. Sort the flattened (token, choice) rows by expert (``argsort``, stable: token order within an
+       expert) and count each expert's rows (``bincount``). MaxText's expert id is its position in a
+       contiguous placement; here the position is read from ``placement``, so any placement works.
+    2. Gather every device's per-device counts, ``sizes[sender, receiver]``; the sender's
+       ``input_offsets`` and ``send_sizes`` are its row, ``recv_sizes`` its column, and
+       ``output_offsets`` the cumulative sum over the senders (a zero row first) at its own row: where
+       its group lands on each receiver, after the senders before it.
+    3. ``lax.ragged_all_to_all`` lands the groups sender-major; a stable sort of the received rows by
+       local expert makes them expert-major, each expert's rows in global token order.
+
+    ``output_offsets_of(sizes, me)``: a self-test's other offsets (MaxText's own: the sum over the
+    senders before ``me``)."""
+    t, k = expert_ids.shape
+    x = placement.shape[-1]
+    e = n * x
+    rows = n * t * min(k, x)
+    me = lax.axis_index(axis_name)
+    every = lax.all_gather(placement.reshape(x).astype(jnp.int32), axis_name, tiled=True)
+    position = jnp.zeros(e, jnp.int32).at[every].set(jnp.arange(e, dtype=jnp.int32))
+    flat = expert_ids.reshape(-1)
+    chosen = jnp.where(flat >= 0, position[jnp.maximum(flat, 0)], e)  # e: routed nowhere, sorted last
+    order = jnp.argsort(chosen, stable=True)
+    group_sizes = jnp.zeros(e, jnp.int32).at[chosen].add(1, mode="drop")
+    sizes = lax.all_gather(group_sizes.reshape(n, x).sum(-1), axis_name)  # [senders, receivers]
+    if output_offsets_of is None:
+        output_offsets = jnp.concatenate([jnp.zeros((1, n), jnp.int32), sizes]).cumsum(0)[me]
+    else:
+        output_offsets = output_offsets_of(sizes, me)
+    arrived = lax.ragged_all_to_all(
+        tokens[order // k],
+        compat.varying(jnp.zeros((rows, tokens.shape[1]), tokens.dtype), axis_name),
+        _exclusive(sizes[me]),
+        sizes[me],
+        output_offsets,
+        sizes[:, me],
+        axis_name=axis_name,
+    )
+    # local_permute: each received row's local expert (sender-major, each sender's rows by expert)
+    from_each = lax.all_gather(group_sizes, axis_name).reshape(n, n, x)[:, me]  # [senders, local experts]
+    local = jnp.repeat(jnp.tile(jnp.arange(x), n), from_each.reshape(-1), total_repeat_length=rows)
+    held = jnp.arange(rows) < from_each.sum()
+    permuted = arrived[jnp.argsort(jnp.where(held, local, x), stable=True)]
+    return jnp.where(held[:, None], permuted, jnp.zeros((), tokens.dtype))

@@ -22,6 +22,9 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_moe_dispatch_offsets_read_on_the_receivers_side": "test_values",
     "broken_moe_dispatch_drops_tokens_past_a_capacity": "test_values",
     "broken_moe_dispatch_declares_token_order_drops_by_choice": "test_values",
+    "broken_moe_dispatch_maxtext_drops_past_an_undeclared_capacity": "test_values",
+    "broken_moe_dispatch_maxtext_offsets_on_the_receivers_side": "test_values",
+    "broken_moe_dispatch_maxtext_offsets_summed_over_receivers": "test_values",
     "broken_moe_dispatch_assumes_contiguous_placement": "test_values",
     "broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert": "test_values",
     "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "test_gradients",
@@ -33,6 +36,9 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_moe_dispatch_offsets_read_on_the_receivers_side": "values differ from the numpy float64",
     "broken_moe_dispatch_drops_tokens_past_a_capacity": "kept its first rows in token order",
     "broken_moe_dispatch_declares_token_order_drops_by_choice": "values differ from the numpy float64",
+    "broken_moe_dispatch_maxtext_drops_past_an_undeclared_capacity": "kept its first rows in token order",
+    "broken_moe_dispatch_maxtext_offsets_on_the_receivers_side": "own receive offsets as its output_offsets",
+    "broken_moe_dispatch_maxtext_offsets_summed_over_receivers": "own input_offsets as its output_offsets",
     "broken_moe_dispatch_assumes_contiguous_placement": "values differ from the numpy float64 reference",
     "broken_moe_dispatch_sends_unrouted_choices_to_the_last_expert": "beyond the copies routed to its",
     "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "d_tokens",
@@ -158,6 +164,41 @@ def broken_moe_dispatch_declares_token_order_drops_by_choice(
     return _dispatch("broken_moe_dispatch_declares_token_order_drops_by_choice", body)(
         tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
     )
+
+
+def _maxtext(name: str, **defect):
+    """MaxText's ragged dispatch (:func:`conformance.kernels._moe.maxtext_style_dispatched`) with one
+    defect, registered as ``name``."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        if defect.get("capacity") is not None:
+            experts = n * placement.shape[-1]
+            expert_ids = _moe.past_capacity_unrouted(expert_ids, experts=experts, capacity=defect["capacity"])
+        offsets = defect.get("output_offsets_of")
+        return _moe.maxtext_style_dispatched(
+            tokens, expert_ids, placement, n=n, axis_name=axis_name, output_offsets_of=offsets
+        )
+
+    kernel = _dispatch(name, body)
+    kernel.__name__ = kernel.__qualname__ = name
+    return conformance.register("moe_dispatch", name=name, differentiable=True)(kernel)
+
+
+broken_moe_dispatch_maxtext_drops_past_an_undeclared_capacity = _maxtext(
+    "broken_moe_dispatch_maxtext_drops_past_an_undeclared_capacity",
+    capacity=conformance.ExpertCapacity(1.0),  # MaxText's mask, but registered without capacity=
+)
+broken_moe_dispatch_maxtext_offsets_on_the_receivers_side = _maxtext(
+    "broken_moe_dispatch_maxtext_offsets_on_the_receivers_side",
+    output_offsets_of=lambda sizes, me: jnp.cumsum(sizes[:, me]) - sizes[:, me],  # its own recv offsets
+)
+broken_moe_dispatch_maxtext_offsets_summed_over_receivers = _maxtext(
+    "broken_moe_dispatch_maxtext_offsets_summed_over_receivers",
+    # the cumsum of the gathered counts over axis 1 (the receivers), not 0: the sender's input_offsets
+    output_offsets_of=lambda sizes, me: jnp.concatenate(
+        [jnp.zeros((sizes.shape[0], 1), sizes.dtype), sizes], axis=1
+    ).cumsum(1)[me, :-1],
+)
 
 
 @conformance.register("moe_dispatch", name="broken_moe_dispatch_assumes_contiguous_placement")

@@ -89,6 +89,16 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_backward_collectives",
         "test_lowered_bytes",
     },
+    # MaxText's ragged path as its moe.py writes it (argsort and bincount of the choices, the all-to-all
+    # parameters from the gathered counts, lax.ragged_all_to_all, a stable sort by local expert),
+    # registered with no platforms=: on CPU the op runs emulated, and every check reaches it.
+    "correct_moe_dispatch_maxtext_ragged": {
+        "test_values",
+        "test_gradients",
+        "test_collectives",
+        "test_output_sharding",
+        "test_lowered_bytes",
+    },
     # MaxText's capacity: each device masks its tokens' choices past ceil(factor * T * k / E) rows an
     # expert (a cumulative count over its tokens, in token order) and sends only the rest, declared as
     # conformance.ExpertCapacity. The reference must drop the same rows, or every hot routing is a
@@ -450,6 +460,21 @@ def correct_moe_dispatch_with_declared_capacity(tokens, expert_ids, placement, *
         kept = _moe.past_capacity_unrouted(ids, experts=n * hosted.shape[-1], capacity=MAXTEXT_CAPACITY)
         return _moe.dispatched(tokens, kept, hosted, n=n, axis_name=axis_name, exchange=_moe.xla_exchange)
 
+    return _moe.per_device(body, mesh, axis_name, (tokens, expert_ids, placement))
+
+
+@conformance.register(
+    "moe_dispatch",
+    name="correct_moe_dispatch_maxtext_ragged",
+    differentiable=True,
+    description="MaxText's ragged path: argsort and bincount, offsets from the gathered counts, "
+    "lax.ragged_all_to_all, a stable sort by local expert",
+)
+def correct_moe_dispatch_maxtext_ragged(tokens, expert_ids, placement, *, mesh, axis_name):
+    n = _moe.validate(
+        "correct_moe_dispatch_maxtext_ragged", ("tokens", tokens), expert_ids, placement, mesh, axis_name
+    )
+    body = functools.partial(_moe.maxtext_style_dispatched, n=n, axis_name=axis_name)
     return _moe.per_device(body, mesh, axis_name, (tokens, expert_ids, placement))
 
 

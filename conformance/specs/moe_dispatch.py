@@ -33,6 +33,7 @@ token is within it (each token's ``k`` rows are at least one).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 from jax.sharding import PartitionSpec as P
@@ -73,11 +74,63 @@ def _in_arrival_order(tokens: np.ndarray, expert_ids: np.ndarray, placement: np.
     return out
 
 
+def _offsets_taken(start_of: Callable[[np.ndarray, int, int], int]) -> Callable[..., np.ndarray]:
+    """The one-exchange dispatch (module doc) with sender ``i``'s group for device ``j`` written at
+    ``start_of(sizes, i, j)`` (``sizes[sender, receiver]``) in place of the sum of what the senders
+    before ``i`` send ``j``, the senders' groups written in sender order (a later one over an earlier
+    where they overlap), then permuted to expert-major order as though each had landed where it
+    should."""
+
+    def result(tokens, expert_ids, placement, *, axis_size: int) -> np.ndarray:
+        n, t_per = axis_size, tokens.shape[0] // axis_size
+        rows = moe_routing.rows_per_device(expert_ids, placement)
+        at = moe_routing.slots(expert_ids, placement)
+        where = placement.astype(np.int64)
+        local = np.zeros(where.size, dtype=np.int64)
+        local[where.reshape(-1)] = np.arange(where.size) % where.shape[1]
+        # each routed (token, choice): (receiver, sender, local expert, token, its expert-major slot), in
+        # the order of arrival at each receiver
+        routed = sorted(
+            (int(at[t, j]) // rows, t // t_per, int(local[int(expert_ids[t, j])]), t, int(at[t, j]) % rows)
+            for t, j in zip(*np.nonzero(at != moe_routing.UNROUTED), strict=True)
+        )
+        sizes = np.zeros((n, n), dtype=np.int64)
+        for receiver, sender, *_ in routed:
+            sizes[sender, receiver] += 1
+        landed = np.zeros((n, rows, tokens.shape[1]))
+        for sender in range(n):
+            for receiver in range(n):
+                group = [r[3] for r in routed if r[0] == receiver and r[1] == sender]
+                start = start_of(sizes, sender, receiver)
+                for i, t in enumerate(group[: max(rows - start, 0)]):
+                    landed[receiver, start + i] = tokens[t]
+        out = np.zeros((n * rows, tokens.shape[1]))
+        for receiver in range(n):
+            for arrival, (*_, slot) in enumerate(r for r in routed if r[0] == receiver):
+                out[receiver * rows + slot] = landed[receiver, arrival]
+        return out
+
+    return result
+
+
 KNOWN_MISTAKES = (
     KnownMistake(
         "leaving each expert device's rows in the order the exchange delivers them (by sender, then "
         "expert): permute them to expert-major order, each expert's rows contiguous in global token order",
         _in_arrival_order,
+    ),
+    KnownMistake(
+        "giving the exchange each sender's own receive offsets as its output_offsets (the receiver's view; "
+        "a sender's output_offsets[j] is where its group lands on device j, the sum of what the senders "
+        "before it send j: gather the counts and sum them over the senders, as marin's 'Fix ragged "
+        "all-to-all sender offsets' did)",
+        _offsets_taken(lambda sizes, i, j: int(sizes[:j, i].sum())),
+    ),
+    KnownMistake(
+        "giving the exchange each sender's own input_offsets as its output_offsets (a cumulative sum over "
+        "the receivers it sends to, where output_offsets[j] sums over the senders before it what each "
+        "sends j: the cumsum over the other axis of the gathered counts)",
+        _offsets_taken(lambda sizes, i, j: int(sizes[i, :j].sum())),
     ),
 )
 
