@@ -509,7 +509,17 @@ def _family_explains(
     if case.spec.explain_wrong is None or jax.process_count() > 1:
         return []
     got = runner.global_value(out).astype(np.float64)
-    return case.spec.explain_wrong(*inputs64, got, tol, axis_size=case.mesh.axis_size)
+    names = case.spec.operand_names
+
+    def rerun(**replaced: np.ndarray) -> np.ndarray:
+        """The kernel's result on the case's inputs with the operands named replaced (float64)."""
+        arrays = tuple(replaced.get(name, a) for name, a in zip(names, inputs64, strict=True))
+        ran = runner.execute(case, inputs=runner.as_operands(case, arrays))[1]
+        return runner.global_value(ran).astype(np.float64)
+
+    return case.spec.explain_wrong(
+        *inputs64, got, tol, axis_size=case.mesh.axis_size, dtype=case.dtype, rerun=rerun
+    )
 
 
 def _baseline_wrong_too(

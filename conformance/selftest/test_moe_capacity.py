@@ -104,3 +104,20 @@ def test_missing_rows_are_named_by_expert_and_a_capacity_s_pattern_said() -> Non
     shuffled = expected.copy()
     shuffled[[0, 1]] = expected[[1, 0]]
     assert moe_dispatch.rows_missing(tokens, IDS, WHERE, shuffled, 0.0, axis_size=2) == []
+
+
+def test_rows_that_cannot_be_told_apart_are_tagged_and_run_again() -> None:
+    """One int8 column repeats its values: the account reruns the kernel on tokens tagged t + 1, or, where
+    the dtype cannot hold every tag, says nothing."""
+    tokens = np.ones((8, 1))
+    rule = conformance.ExpertCapacity(1.0)
+    asked = []
+
+    def rerun(**replaced):
+        asked.append(sorted(replaced))
+        return moe_dispatch.reference(replaced["tokens"], moe_routing.capped(IDS, WHERE, rule), WHERE)
+
+    wrong = np.zeros((32, 1))
+    lines = moe_dispatch.rows_missing(tokens, IDS, WHERE, wrong, 0.0, axis_size=2, dtype="int8", rerun=rerun)
+    assert asked == [["tokens"]] and "received 4 of 8 rows, missing tokens 2-3, 6-7" in lines[0], lines
+    assert moe_dispatch.rows_missing(tokens, IDS, WHERE, wrong, 0.0, axis_size=2, dtype="int8") == []

@@ -227,9 +227,11 @@ class FamilySpec:
     #: Ways kernels of the family are known to go wrong, each as the result it gives: a wrong result
     #: that matches one is named by it.
     known_mistakes: tuple[KnownMistake, ...] = ()
-    #: (float64 inputs..., the result as float64, tolerance, axis_size=) -> lines saying what a wrong
-    #: result lacks or holds, beyond where its blocks landed (a MoE dispatch's rows missing, expert by
-    #: expert); ``[]`` where it has nothing to say. ``None``: the family says nothing more.
+    #: (float64 inputs..., the result as float64, tolerance, axis_size=, dtype=, rerun=) -> lines saying
+    #: what a wrong result lacks or holds, beyond where its blocks landed (a MoE dispatch's rows missing,
+    #: expert by expert); ``[]`` where it has nothing to say. ``rerun(**{operand: float64 array})``: the
+    #: kernel's result on the case's inputs with those operands replaced (tagged rows, say). ``None``:
+    #: the family says nothing more.
     explain_wrong: Callable[..., list[str]] | None = None
     #: The same for gradients: each mistake's reference takes the float64 inputs and the cotangent and
     #: gives every data operand's gradient (a tuple); the gradients check names a match.
