@@ -271,3 +271,37 @@ def maxtext_style_dispatched(
     held = jnp.arange(rows) < from_each.sum()
     permuted = arrived[jnp.argsort(jnp.where(held, local, x), stable=True)]
     return jnp.where(held[:, None], permuted, jnp.zeros((), tokens.dtype))
+
+
+def aligned_groups(rows: jax.Array, sizes: jax.Array, alignment: int) -> jax.Array:
+    """One device's packed experts' rows ``[C, H]`` (groups of ``sizes[X]`` rows, back to back) with each
+    group moved to the next multiple of ``alignment`` rows, the rows between zero: ``[C + X*(a-1), H]``
+    (the layout a grouped matmul tiled by ``alignment`` rows reads)."""
+    c, x = rows.shape[0], sizes.shape[0]
+    total = c + x * (alignment - 1)
+    padded = (sizes + alignment - 1) // alignment * alignment
+    p = jnp.arange(c)
+    group = (jnp.cumsum(sizes)[None, :] <= p[:, None]).sum(1)  # each packed row's group (x: none)
+    held = group < x
+    group = jnp.minimum(group, x - 1)
+    to = jnp.where(held, _exclusive(padded)[group] + p - _exclusive(sizes)[group], total)
+    return jnp.zeros((total, rows.shape[1]), rows.dtype).at[to].set(rows, mode="drop")
+
+
+def packed_groups(aligned: jax.Array, sizes: jax.Array, alignment: int) -> jax.Array:
+    """:func:`aligned_groups` undone: ``[C, H]`` of the aligned layout's ``[C + X*(a-1), H]``."""
+    x = sizes.shape[0]
+    c = aligned.shape[0] - x * (alignment - 1)
+    padded = (sizes + alignment - 1) // alignment * alignment
+    p = jnp.arange(c)
+    group = (jnp.cumsum(sizes)[None, :] <= p[:, None]).sum(1)
+    held = group < x
+    group = jnp.minimum(group, x - 1)
+    source = jnp.where(held, _exclusive(padded)[group] + p - _exclusive(sizes)[group], 0)
+    return jnp.where(held[:, None], aligned[source], jnp.zeros((), aligned.dtype))
+
+
+def received_per_expert(expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str) -> jax.Array:
+    """``[X]``: the rows each of this device's experts receives from every device."""
+    _, _, counts = routing_tables(expert_ids, placement, n=n, axis_name=axis_name)
+    return counts[:, lax.axis_index(axis_name), :].sum(0)

@@ -41,10 +41,16 @@ def on_the_baseline(case: Case, baseline: str) -> tuple[Case, Any, Any]:
         seed=case.seed,
     )
 
-    def unfold(value: object, like: np.ndarray) -> np.ndarray:
-        return form.unfold(runner.global_value(value), like)
+    folded: list[tuple] = []  # the case's arrays of this baseline run, which unfolding may read
 
-    return base_case, form.fold, unfold
+    def fold(arrays: tuple) -> tuple:
+        folded[:] = [tuple(arrays)]
+        return form.fold(arrays)
+
+    def unfold(value: object, like: np.ndarray) -> np.ndarray:
+        return form.unfold(runner.global_value(value), like, folded[0])
+
+    return base_case, fold, unfold
 
 
 def baseline_result(

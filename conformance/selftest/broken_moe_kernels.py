@@ -22,6 +22,8 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_moe_dispatch_offsets_read_on_the_receivers_side": "test_values",
     "broken_moe_dispatch_drops_tokens_past_a_capacity": "test_values",
     "broken_moe_dispatch_declares_token_order_drops_by_choice": "test_values",
+    "broken_moe_dispatch_aligned_padding_holds_the_last_row": "test_values",
+    "broken_moe_combine_reads_aligned_groups_as_packed": "test_values",
     "broken_moe_dispatch_maxtext_drops_past_an_undeclared_capacity": "test_values",
     "broken_moe_dispatch_maxtext_offsets_on_the_receivers_side": "test_values",
     "broken_moe_dispatch_maxtext_offsets_summed_over_receivers": "test_values",
@@ -36,6 +38,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_moe_dispatch_offsets_read_on_the_receivers_side": "values differ from the numpy float64",
     "broken_moe_dispatch_drops_tokens_past_a_capacity": "kept its first rows in token order",
     "broken_moe_dispatch_declares_token_order_drops_by_choice": "values differ from the numpy float64",
+    "broken_moe_dispatch_aligned_padding_holds_the_last_row": "between the aligned groups",
+    "broken_moe_combine_reads_aligned_groups_as_packed": "values differ from the numpy float64",
     "broken_moe_dispatch_maxtext_drops_past_an_undeclared_capacity": "kept its first rows in token order",
     "broken_moe_dispatch_maxtext_offsets_on_the_receivers_side": "own receive offsets as its output_offsets",
     "broken_moe_dispatch_maxtext_offsets_summed_over_receivers": "own input_offsets as its output_offsets",
@@ -201,6 +205,31 @@ broken_moe_dispatch_maxtext_offsets_summed_over_receivers = _maxtext(
 )
 
 
+@conformance.register(
+    "moe_dispatch", name="broken_moe_dispatch_aligned_padding_holds_the_last_row", group_alignment=8
+)
+def broken_moe_dispatch_aligned_padding_holds_the_last_row(tokens, expert_ids, placement, *, mesh, axis_name):
+    """Declares groups at multiples of 8 rows and fills each aligned block by a clamped gather: the rows
+    after a group's last hold that row again, not zeros (which a grouped matmul then multiplies)."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        packed = _moe.dispatched(
+            tokens, expert_ids, placement, n=n, axis_name=axis_name, exchange=_moe.xla_exchange
+        )
+        sizes = _moe.received_per_expert(expert_ids, placement, n=n, axis_name=axis_name)
+        x, alignment = sizes.shape[0], 8
+        padded = (sizes + alignment - 1) // alignment * alignment
+        q = jnp.arange(packed.shape[0] + x * (alignment - 1))
+        group = jnp.minimum((jnp.cumsum(padded)[None, :] <= q[:, None]).sum(1), x - 1)
+        within = q - (jnp.cumsum(padded) - padded)[group]
+        source = (jnp.cumsum(sizes) - sizes)[group] + jnp.clip(within, 0, jnp.maximum(sizes[group] - 1, 0))
+        return jnp.where((sizes[group] > 0)[:, None], packed[source], jnp.zeros((), packed.dtype))
+
+    return _dispatch("broken_moe_dispatch_aligned_padding_holds_the_last_row", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
 @conformance.register("moe_dispatch", name="broken_moe_dispatch_assumes_contiguous_placement")
 def broken_moe_dispatch_assumes_contiguous_placement(tokens, expert_ids, placement, *, mesh, axis_name):
     """Takes device ``d``'s experts to be ``d * X .. d * X + X - 1`` (expert ``e`` on device ``e // X``, as
@@ -342,5 +371,25 @@ def broken_moe_combine_gathers_every_expert_row(
         return summed.astype(expert_rows.dtype)
 
     return _combine("broken_moe_combine_gathers_every_expert_row", body)(
+        expert_rows, weights, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register(
+    "moe_combine", name="broken_moe_combine_reads_aligned_groups_as_packed", group_alignment=8
+)
+def broken_moe_combine_reads_aligned_groups_as_packed(
+    expert_rows, weights, expert_ids, placement, *, mesh, axis_name
+):
+    """Declares groups at multiples of 8 rows and reads the rows as though packed back to back: each
+    expert's rows after the first group's are read from its padding and its predecessor's."""
+
+    def body(rows, weights, expert_ids, placement, *, n, axis_name):
+        packed = rows[: rows.shape[0] - placement.shape[-1] * 7]
+        return _moe.combined(
+            packed, weights, expert_ids, placement, n=n, axis_name=axis_name, exchange=_moe.xla_exchange
+        )
+
+    return _combine("broken_moe_combine_reads_aligned_groups_as_packed", body)(
         expert_rows, weights, expert_ids, placement, mesh=mesh, axis_name=axis_name
     )

@@ -99,6 +99,11 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_output_sharding",
         "test_lowered_bytes",
     },
+    # Each expert's group at a multiple of 8 rows, zero between (a grouped matmul's sublane tiles), as
+    # tpu-inference's fused MoE pads its blocks, declared with group_alignment=8: the reference must
+    # move its rows to the same places, and a combine must take them from there.
+    "correct_moe_dispatch_groups_aligned_to_8": {"test_values", "test_gradients", "test_collectives"},
+    "correct_moe_combine_groups_aligned_to_8": {"test_values", "test_gradients", "test_collectives"},
     # MaxText's capacity: each device masks its tokens' choices past ceil(factor * T * k / E) rows an
     # expert (a cumulative count over its tokens, in token order) and sends only the rest, declared as
     # conformance.ExpertCapacity. The reference must drop the same rows, or every hot routing is a
@@ -476,6 +481,50 @@ def correct_moe_dispatch_maxtext_ragged(tokens, expert_ids, placement, *, mesh, 
     )
     body = functools.partial(_moe.maxtext_style_dispatched, n=n, axis_name=axis_name)
     return _moe.per_device(body, mesh, axis_name, (tokens, expert_ids, placement))
+
+
+@conformance.register(
+    "moe_dispatch",
+    name="correct_moe_dispatch_groups_aligned_to_8",
+    differentiable=True,
+    group_alignment=8,
+    description="the baseline's dispatch, each expert's group moved to a multiple of 8 rows",
+)
+def correct_moe_dispatch_groups_aligned_to_8(tokens, expert_ids, placement, *, mesh, axis_name):
+    n = _moe.validate(
+        "correct_moe_dispatch_groups_aligned_to_8", ("tokens", tokens), expert_ids, placement, mesh, axis_name
+    )
+
+    def body(tokens, ids, hosted):
+        packed = _moe.dispatched(tokens, ids, hosted, n=n, axis_name=axis_name, exchange=_moe.xla_exchange)
+        sizes = _moe.received_per_expert(ids, hosted, n=n, axis_name=axis_name)
+        return _moe.aligned_groups(packed, sizes, 8)
+
+    return _moe.per_device(body, mesh, axis_name, (tokens, expert_ids, placement))
+
+
+@conformance.register(
+    "moe_combine",
+    name="correct_moe_combine_groups_aligned_to_8",
+    differentiable=True,
+    group_alignment=8,
+    description="each expert's group taken from its multiple of 8 rows, then the baseline's combine",
+)
+def correct_moe_combine_groups_aligned_to_8(expert_rows, weights, expert_ids, placement, *, mesh, axis_name):
+    n = _moe.validate(
+        "correct_moe_combine_groups_aligned_to_8",
+        ("weights", weights),
+        expert_ids,
+        placement,
+        mesh,
+        axis_name,
+    )
+
+    def body(rows, w, ids, hosted):
+        packed = _moe.packed_groups(rows, _moe.received_per_expert(ids, hosted, n=n, axis_name=axis_name), 8)
+        return _moe.combined(packed, w, ids, hosted, n=n, axis_name=axis_name, exchange=_moe.xla_exchange)
+
+    return _moe.per_device(body, mesh, axis_name, (expert_rows, weights, expert_ids, placement))
 
 
 @conformance.register(

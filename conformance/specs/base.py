@@ -108,8 +108,9 @@ class FormChange:
     dims: Callable[[Mapping[str, int]], dict[str, int]]
     #: A case's operands (and a trailing cotangent, shaped as the result) -> the family form's.
     fold: Callable[[tuple[np.ndarray, ...]], tuple[np.ndarray, ...]]
-    #: (a family-form result or gradient, the case-form array it stands for) -> it in the case's form.
-    unfold: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    #: (a family-form result or gradient, the case-form array it stands for, the case-form arrays that
+    #: were folded) -> it in the case's form.
+    unfold: Callable[[np.ndarray, np.ndarray, tuple[np.ndarray, ...]], np.ndarray]
 
 
 #: ``batch_dims``, a matmul family's registration option: how many leading batch dims a kernel's
@@ -458,7 +459,7 @@ def _batched(spec: FamilySpec) -> FamilySpec:
             fold=lambda arrays: (
                 rows(arrays) if len(arrays) == len(batched) else (*rows(arrays[:-1]), fold(arrays[-1]))
             ),
-            unfold=lambda value, like: value.reshape(like.shape),
+            unfold=lambda value, like, arrays: value.reshape(like.shape),
         ),
     )
 
@@ -544,6 +545,6 @@ def _transposed(spec: FamilySpec) -> FamilySpec:
         other_reductions={name: other(f) for name, f in spec.other_reductions.items()},
         known_mistakes=tuple(mistake(k) for k in spec.known_mistakes),
         family_form=FormChange(
-            dims=dict, fold=lambda arrays: swapped(*arrays), unfold=lambda value, like: _swap(value)
+            dims=dict, fold=lambda arrays: swapped(*arrays), unfold=lambda value, like, arrays: _swap(value)
         ),
     )

@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
-from conformance.specs import moe_routing
+from conformance.specs import moe_forms, moe_routing
 from conformance.specs.base import Dims, FamilySpec, KnownMistake, Operand
 
 
@@ -152,9 +152,11 @@ MOE_COMBINE = FamilySpec(
     known_mistakes=KNOWN_MISTAKES,
     bench_dims=moe_routing.bench_dims,
     registration_options={
-        "capacity": moe_routing.capacity_option(
+        # the alignment first: a capacity's routing is then the one the aligned layout is laid out by
+        "group_alignment": moe_forms.alignment_option(rows_operand="expert_rows"),
+        "capacity": moe_forms.capacity_option(
             least_received=lambda ids, where: moe_routing.most_received_of(ids, where, back=True)
-        )
+        ),
     },
 )
 

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from conformance import tolerances
 from conformance.dtypes import operand_np
-from conformance.specs import moe_routing
+from conformance.specs import moe_forms, moe_routing
 from conformance.specs.base import Dims, FamilySpec, KnownMistake, Operand, rows_tagged_by_position
 
 
@@ -334,9 +334,11 @@ MOE_DISPATCH = FamilySpec(
     explain_wrong=rows_missing,
     bench_dims=moe_routing.bench_dims,
     registration_options={
-        "capacity": moe_routing.capacity_option(
+        # the alignment first: a capacity's routing is then the one the aligned layout is laid out by
+        "group_alignment": moe_forms.alignment_option(rows_operand=None),
+        "capacity": moe_forms.capacity_option(
             least_received=lambda ids, where: moe_routing.most_received_of(ids, where, back=False)
-        )
+        ),
     },
 )
 

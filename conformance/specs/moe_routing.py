@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 
 import numpy as np
 from jax.sharding import PartitionSpec as P
@@ -50,11 +49,7 @@ from jax.sharding import PartitionSpec as P
 from conformance.specs.base import (
     BadInput,
     Dims,
-    FamilySpec,
-    FormChange,
-    KnownMistake,
     Operand,
-    RegistrationOption,
 )
 
 #: The kinds of routing the ``routing`` dim names, by value (0, 1, ...).
@@ -340,60 +335,3 @@ def capped(ids: np.ndarray, where: np.ndarray, capacity: ExpertCapacity) -> np.n
             if taken[expert] > room:
                 out[t, j] = UNROUTED
     return out
-
-
-def with_capacity(
-    spec: FamilySpec, capacity: ExpertCapacity, *, least_received: Callable[..., int]
-) -> FamilySpec:
-    """A MoE family's form for a kernel declaring ``capacity``: every reference, tolerance and known
-    mistake of ``spec`` on the case's ``expert_ids`` with the dropped choices :data:`UNROUTED`
-    (:func:`capped`); the least a device receives ``least_received(expert_ids, placement)`` rows of the
-    capped routing. The operands, the layout and the most a device may receive are the family's."""
-    names = spec.operand_names
-    at_ids, at_where = names.index("expert_ids"), names.index("placement")
-
-    def cap(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        """The operands (and whatever follows them: a cotangent, a dtype) with the routing capped."""
-        out = list(arrays)
-        out[at_ids] = capped(np.asarray(arrays[at_ids]), np.asarray(arrays[at_where]), capacity)
-        return tuple(out)
-
-    def on_capped(fn: Callable[..., object] | None) -> Callable[..., object] | None:
-        return None if fn is None else lambda *args, **kwargs: fn(*cap(args), **kwargs)
-
-    def reference(*inputs: np.ndarray, axis_size: int) -> np.ndarray:
-        return spec.expected(cap(inputs), axis_size=axis_size)
-
-    def mistake(known: KnownMistake) -> KnownMistake:
-        return KnownMistake(known.description, on_capped(known.reference))
-
-    def least(d: Dims, n: int, itemsize: int) -> int:
-        ids = capped(expert_ids(d, n), placement(d, n), capacity)
-        return least_received(ids, placement(d, n)) * d["hidden"] * itemsize
-
-    return dataclasses.replace(
-        spec,
-        summary=f"{spec.summary}; {capacity.describe()}, the rest dropped",
-        reference=reference,
-        tolerance=on_capped(spec.tolerance),
-        vjp_reference=on_capped(spec.vjp_reference),
-        vjp_tolerance=on_capped(spec.vjp_tolerance),
-        known_mistakes=tuple(mistake(k) for k in spec.known_mistakes),
-        vjp_known_mistakes=tuple(mistake(k) for k in spec.vjp_known_mistakes),
-        explain_wrong=on_capped(spec.explain_wrong),
-        min_received_bytes=least,
-        family_form=FormChange(dims=dict, fold=cap, unfold=lambda value, like: value),
-    )
-
-
-def capacity_option(*, least_received: Callable[..., int]) -> RegistrationOption:
-    """The registration option ``capacity`` of a MoE family whose least received rows are
-    ``least_received(expert_ids, placement)``."""
-    return RegistrationOption(
-        default=None,
-        accepts=lambda v: v is None or isinstance(v, ExpertCapacity),
-        expects="None or a conformance.ExpertCapacity",
-        doc="the kernel's rule for dropping tokens past an expert capacity (conformance.ExpertCapacity: "
-        "factor, group, order); the reference drops the same (token, choice) rows. None: it drops none",
-        derive=lambda spec, capacity: with_capacity(spec, capacity, least_received=least_received),
-    )

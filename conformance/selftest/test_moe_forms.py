@@ -1,5 +1,6 @@
-"""A MoE kernel's declared capacity rule (``conformance.ExpertCapacity``): the reference drops the rows
-the rule drops, and a dispatch missing rows is told which expert lacks which tokens' rows."""
+"""The forms a MoE kernel declares (:mod:`conformance.specs.moe_forms`): a capacity rule
+(``conformance.ExpertCapacity``), whose reference drops the rows the rule drops, and groups aligned to
+a multiple of rows; and a dispatch missing rows told which expert lacks which tokens' rows."""
 
 from __future__ import annotations
 
@@ -121,3 +122,36 @@ def test_rows_that_cannot_be_told_apart_are_tagged_and_run_again() -> None:
     lines = moe_dispatch.rows_missing(tokens, IDS, WHERE, wrong, 0.0, axis_size=2, dtype="int8", rerun=rerun)
     assert asked == [["tokens"]] and "received 4 of 8 rows, missing tokens 2-3, 6-7" in lines[0], lines
     assert moe_dispatch.rows_missing(tokens, IDS, WHERE, wrong, 0.0, axis_size=2, dtype="int8") == []
+
+
+def test_aligned_groups_start_at_multiples_and_the_rows_between_are_zero() -> None:
+    from conformance.specs import moe_combine, moe_forms
+
+    # device 0 hosts experts 0 (8 rows) and 1 (3 rows); device 1 experts 2 (2 rows) and 3 (3 rows)
+    places = moe_forms.aligned_places(IDS, WHERE, 4)
+    assert places[:16].tolist() == [*range(8), 8, 9, 10, *[-1] * 5]  # C = 16 packed rows a device
+    assert places[16:].tolist() == [22, 23, 26, 27, 28, *[-1] * 11]  # 16 + 3 * 2 aligned rows a device
+    spec = moe_dispatch.MOE_DISPATCH.registration_options["group_alignment"].derive(
+        moe_dispatch.MOE_DISPATCH, 4
+    )
+    tokens = np.random.default_rng(2).normal(size=(8, 3))
+    got = spec.expected((tokens, IDS, WHERE), axis_size=2)
+    packed = moe_dispatch.reference(tokens, IDS, WHERE)
+    assert got.shape == (44, 3) and np.array_equal(got[places[places >= 0]], packed[places >= 0])
+    assert not got[np.setdiff1d(np.arange(44), places)].any()
+    assert spec.out_shape({"tokens_per_shard": 4, "experts_per_device": 2, "top_k": 2, "hidden": 3}, 2) == (
+        44,
+        3,
+    )
+    # a combine takes its rows from the aligned places, whatever lies between
+    combine = moe_combine.MOE_COMBINE.registration_options["group_alignment"].derive(
+        moe_combine.MOE_COMBINE, 4
+    )
+    rows = np.random.default_rng(3).normal(size=(44, 3))
+    w = np.random.default_rng(4).normal(size=(8, 2))
+    packed_rows = np.zeros((32, 3))
+    packed_rows[places >= 0] = rows[places[places >= 0]]
+    assert np.allclose(
+        combine.expected((rows, w, IDS, WHERE), axis_size=2),
+        moe_combine.reference(packed_rows, w, IDS, WHERE),
+    )
