@@ -21,7 +21,7 @@ import numpy as np
 
 from conformance import compat, dtypes, runner, shared_runs, tolerances, watchdog
 from conformance.blame import error_locations, error_text
-from conformance.checks import block_map
+from conformance.checks import block_map, wrong_result
 from conformance.checks.baseline_case import baseline_of, baseline_result
 from conformance.runner import Case
 from conformance.targets import cpu_ragged_all_to_all, target_compiles
@@ -475,50 +475,13 @@ def compare_with_reference(
         placed = block_map.where_blocks_landed(case, lambda inputs: runner.execute(case, inputs=inputs)[1])
         return [
             *placed,
-            *_known_mistakes(case, inputs64, out, tol),
-            *_family_explains(case, inputs64, out, tol),
+            *wrong_result.known_mistakes(case, inputs64, out, tol),
+            *wrong_result.family_explains(case, inputs64, out, tol),
             *_baseline_wrong_too(case, inputs64, expected, tol),
         ]
 
     compare_shards(
         case, check, out, expected, tol, subject=subject, rule=rule, explain=explain if blocks else None
-    )
-
-
-def _known_mistakes(
-    case: Case, inputs64: tuple[np.ndarray, ...], out: jax.Array, tol: np.ndarray | float
-) -> list[str]:
-    """A line per mistake of the family's spec (:attr:`~conformance.specs.base.FamilySpec.known_mistakes`)
-    whose result the kernel's matches, within the tolerance: the defect named by what it is."""
-    if not case.spec.known_mistakes or jax.process_count() > 1:  # a rank sees its own shards only
-        return []
-    got = runner.global_value(out).astype(np.float64)
-    return [
-        f"known mistake  : the result is exactly what {mistake.description} gives"
-        for mistake in case.spec.known_mistakes
-        if np.all(np.abs(got - mistake.result(inputs64, axis_size=case.mesh.axis_size)) <= tol)
-    ]
-
-
-def _family_explains(
-    case: Case, inputs64: tuple[np.ndarray, ...], out: jax.Array, tol: np.ndarray | float
-) -> list[str]:
-    """What the family says a wrong result lacks or holds
-    (:attr:`~conformance.specs.base.FamilySpec.explain_wrong`); not in a multi-process job, where a rank
-    sees its own shards only."""
-    if case.spec.explain_wrong is None or jax.process_count() > 1:
-        return []
-    got = runner.global_value(out).astype(np.float64)
-    names = case.spec.operand_names
-
-    def rerun(**replaced: np.ndarray) -> np.ndarray:
-        """The kernel's result on the case's inputs with the operands named replaced (float64)."""
-        arrays = tuple(replaced.get(name, a) for name, a in zip(names, inputs64, strict=True))
-        ran = runner.execute(case, inputs=runner.as_operands(case, arrays))[1]
-        return runner.global_value(ran).astype(np.float64)
-
-    return case.spec.explain_wrong(
-        *inputs64, got, tol, axis_size=case.mesh.axis_size, dtype=case.dtype, rerun=rerun
     )
 
 
