@@ -352,6 +352,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     empty = {id(i): i for i in items if has_empty_parameter(i)}  # pytest's NOTSET placeholder
     if "benchmark" not in (config.getoption("markexpr") or ""):  # timings run only when asked for
         empty.update((id(i), i) for i in items if i.get_closest_marker("benchmark"))
+    empty.update((id(i), i) for i in mesh_options.outside_mesh_cover(config, items))
     pattern = config.getoption("impl")
     if pattern:  # the suite's own fixed tests run built-in kernels: they too answer to --impl
         globs = [g.strip() for g in pattern.split(",") if g.strip()]

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from conformance.fixtures import devices as devices_lib
+from conformance.fixtures import meshes
 from conformance.reports import results
 from conformance.session import (
     BEHIND_COMPILER_MODES,
@@ -103,6 +104,15 @@ def add_options(parser: pytest.Parser) -> None:
         help="run the tests over standard meshes on these meshes instead: any the run's devices hold, "
         "e.g. 6-x-auto,2x2x2-z-explicit,8-x-explicit-reversed (SHAPE-AXIS-TYPE[-ORDER]); a check's "
         "own meshes (the compile tiers' rings) and tests without a mesh all run",
+    )
+    group.addoption(
+        "--mesh-cover",
+        default=None,
+        choices=meshes.MESH_COVERS,
+        help="run one part of the run: quick, each test's cases on the meshes of the quick cover (a ring "
+        "of one, an odd ring, a 2-D mesh in a v5e slice's order, a 3-D mesh; tests without a CPU mesh and "
+        "the compile tiers' rings go with it: tox -e cpu), or rest, its cases on every other mesh "
+        "(tox -e cpu-wide); the two parts together are the whole run",
     )
     group.addoption(
         "--impl",

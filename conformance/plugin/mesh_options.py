@@ -128,3 +128,19 @@ def _mesh_params(
         for i, combo in enumerate(combos)
         if i == 0 or config.label in second
     ]
+
+
+def mesh_label_of(item: pytest.Item) -> str | None:
+    """The label of the CPU mesh a test runs on (its first parameter that is a mesh); ``None`` for a
+    test without one."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return next((p.label for p in params.values() if isinstance(p, meshes.MeshConfig)), None)
+
+
+def outside_mesh_cover(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests ``--mesh-cover`` leaves to the other part of the run
+    (:func:`conformance.fixtures.meshes.in_mesh_cover`); none without the option."""
+    cover = config.getoption("mesh_cover")
+    if cover is None:
+        return []
+    return [item for item in items if not meshes.in_mesh_cover(mesh_label_of(item), cover)]

@@ -20,7 +20,7 @@ from conformance import claims, registry
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
-from conformance.fixtures.meshes import INTERPRETED_MESHES, STANDARD_MESHES, parse_mesh
+from conformance.fixtures.meshes import INTERPRETED_MESHES, QUICK_MESHES, STANDARD_MESHES, parse_mesh
 from conformance.plugin import command_options, kernel_modules
 from conformance.selftest import job_command, subprocess_env, suite_command
 from conformance.targets import gpu_compiler, tpu_compiler
@@ -213,6 +213,35 @@ def test_meshes_runs_the_mesh_tests_on_the_meshes_named_and_keeps_every_other(tm
     for mesh in wanted:  # every dtype and both fixed shapes on each mesh named, as on a covering mesh
         assert any(f"test_dtype[opt_gather-{mesh}-int32" in t for t in kept), mesh
         assert any(f"test_output_sharding[opt_gather-{mesh}-even" in t for t in kept), mesh
+
+
+def test_mesh_cover_parts_the_run_in_two_each_test_in_one(tmp_path: Path) -> None:
+    """``--mesh-cover=quick`` and ``--mesh-cover=rest`` are the whole run between them, each test in
+    exactly one: the quick part every test on a quick mesh, without a CPU mesh (send_recv's) or on a
+    compile tier's rings; the rest every test on another standard mesh (eager's among them). A part
+    that is not one of the two is a usage error."""
+    base = ("-m", "cpu", "--impl=opt_gather,xla_device_put", "--collect-only")
+
+    def collected(*extra: str) -> set[str]:
+        done = _pytest(tmp_path, *base, *extra)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        return {line for line in done.stdout.splitlines() if "::" in line}
+
+    every, quick, rest = collected(), collected("--mesh-cover=quick"), collected("--mesh-cover=rest")
+    assert quick and rest and not quick & rest and quick | rest == every
+
+    def on(test_id: str) -> set[str]:  # the longest label that matches: 2x4-y-auto-v5e, not 2x4-y-auto
+        found = [label for label in STANDARD_MESHES if f"-{label}-" in test_id or f"-{label}]" in test_id]
+        return {max(found, key=len)} if found else set()
+
+    assert {m for t in rest for m in on(t)} == set(STANDARD_MESHES) - set(QUICK_MESHES)
+    assert {m for t in quick for m in on(t)} == set(QUICK_MESHES)
+    assert any("test_send_recv.py::" in t and not on(t) for t in quick), "tests without a mesh: quick"
+    assert all(on(t) for t in rest), "every test of the rest is on a standard mesh"
+    assert any(f"::test_eager[opt_gather-{EAGER_MESHES[0]}" in t for t in rest)
+    assert any(f"::test_tpu_pod[opt_gather-{POD_MESHES[0]}" in t for t in quick), "a tier's rings: quick"
+    done = _pytest(tmp_path, *base, "--mesh-cover=wide")
+    assert done.returncode == 4 and "invalid choice: 'wide'" in done.stderr, done.stderr[-2000:]
 
 
 def test_a_pallas_kernel_draws_its_values_on_the_interpreted_meshes(tmp_path: Path) -> None:

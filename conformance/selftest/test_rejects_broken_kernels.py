@@ -142,9 +142,9 @@ SUBSET_MESHES = (
     "2x2x2-x-explicit",
     "8-x-explicit-reversed",
 )
-#: The built-ins pass every check of the suite on every mesh in `tox -e cpu` (and `tpu-compile`); here the
-#: sweep asks that each runs every check it must and passes it beside the broken kernels, on the subset
-#: without the longest ring (250 s of the built-ins' 500 s, the Pallas rings interpreted on 8 devices),
+#: The built-ins pass every check of the suite on every mesh in `tox -e cpu,cpu-wide` (and `tpu-compile`);
+#: here the sweep asks that each runs every check it must and passes it beside the broken kernels, on the
+#: subset without the longest ring (250 s of the built-ins' 500 s, the Pallas rings interpreted on 8 devices),
 #: where only the checks that run on it alone meet them.
 LONGEST_RING = MESH_SETS["longest_ring"][0]
 BUILTIN_MESHES = tuple(m for m in SUBSET_MESHES if m != LONGEST_RING)
