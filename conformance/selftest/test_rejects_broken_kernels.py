@@ -302,12 +302,14 @@ def sweep_selections(*, builtins: bool) -> list[str]:
 
 
 @functools.cache
-def suite_run(tmp_dir: str) -> tuple[Verdicts, str]:
-    """{impl: {test: [(outcome, message), ...]}} from the sweep's runs of the conformance suite, and
-    their output (the built-ins' from the earlier runs :data:`BUILTIN_VERDICTS` names, where they hold).
-    Its three runs go at once, as three processes (one, in a job of :data:`LAUNCH`): the self-tests'
-    other worker runs the rest beside them."""
-    earlier, _ = builtin_verdicts_of_earlier_runs(BUILTIN_VERDICTS) if SCOPE == "full" else (None, "")
+def suite_run(tmp_dir: str) -> tuple[Verdicts, str, str]:
+    """{impl: {test: [(outcome, message), ...]}} from the sweep's runs of the conformance suite, their
+    output, and where the built-ins' verdicts came from (the earlier runs :data:`BUILTIN_VERDICTS`
+    names, where they hold; else these runs, and why). Its three runs go at once, as three processes
+    (one, in a job of :data:`LAUNCH`): the self-tests' other worker runs the rest beside them."""
+    earlier, source = builtin_verdicts_of_earlier_runs(BUILTIN_VERDICTS) if SCOPE == "full" else (None, "")
+    if earlier is None:
+        source = f"run by the sweep itself: {source or 'CONFORMANCE_SELFTEST_SCOPE=versions'}"
     selections = sweep_selections(builtins=SCOPE == "full" and earlier is None)
     if LAUNCH:
         selections = [" or ".join(f"({s})" for s in selections)]
@@ -354,7 +356,7 @@ def suite_run(tmp_dir: str) -> tuple[Verdicts, str]:
         output.append(stdout)
     if earlier is not None:
         verdicts.update(earlier)
-    return verdicts, "\n".join(output)
+    return verdicts, "\n".join(output), source
 
 
 @pytest.fixture(scope="module")
@@ -376,9 +378,11 @@ def test_the_subset_s_filter_selects_exactly_its_meshes() -> None:
 
 
 @pytest.mark.parametrize("impl", sorted(BUILTINS))
-def test_builtin_passes_every_check(verdicts, impl: str) -> None:
+def test_builtin_passes_every_check(suite, verdicts, impl: str, record_property) -> None:
     if SCOPE == "versions":
         pytest.skip(f"{impl}: CONFORMANCE_SELFTEST_SCOPE=versions leaves the built-ins to this env's cpu run")
+    # In the JUnit file: a selftest env that ran the built-ins again beside the cpu envs costs minutes
+    record_property("builtin_verdicts_from", suite[2])
     tests = verdicts[impl]
     assert tests, f"{impl} was not run at all"
     for test, outcomes in tests.items():
@@ -482,7 +486,7 @@ def test_truncating_kernel_fails_bad_inputs_on_every_mesh_type_for_its_real_reas
 
 
 def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized_as_one_cause(suite) -> None:
-    verdicts, output = suite
+    verdicts, output, _ = suite
     outcomes = verdicts[ODD_ROWS]["test_output_sharding"]
     names = [message for outcome, message in outcomes if outcome == "failed"]
     assert len(outcomes) == fixed_shape_tests("output_sharding"), outcomes  # both fixed shapes
