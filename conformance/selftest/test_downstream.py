@@ -128,6 +128,10 @@ def test_a_family_of_ones_own_and_reuse_of_fixture_and_checks(installed: dict[st
 
 
 def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
+    """ci.sh's conformance run, on the quick cover of meshes (``--mesh-cover=quick``, every check on
+    the meshes of it that it argues for): what a non-editable install, the example's registering module,
+    its known failures and both reports meet is the same on the other meshes, whose checks the cpu-wide
+    env runs on the built-ins (the whole of ci.sh's run took 220 s of the selftest env, this part 143 s)."""
     out = installed["root"] / "results"
     out.mkdir()
     command = (
@@ -140,7 +144,8 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     )
     assert command[:2] == ["-m", "cpu"], command
     args = [a.replace('"$out', str(out)).replace('"', "").replace("'", "") for a in command]
-    done = _run(installed, "-m", "pytest", "--pyargs", "conformance", *args, "-p", "no:cacheprovider", "-q")
+    quick = ("--mesh-cover=quick", "-p", "no:cacheprovider", "-q")
+    done = _run(installed, "-m", "pytest", "--pyargs", "conformance", *args, *quick)
     tail = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, tail
     summary = done.stdout.strip().splitlines()[-1]
@@ -171,21 +176,21 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     for half in ("downstream_moe_dispatch", "downstream_moe_combine"):
         ran = [o for o in outcomes if o["impl"] == half]
         assert {o["outcome"] for o in ran} == {"passed"}, [o for o in ran if o["outcome"] != "passed"][:2]
-        assert {"values", "gradients", "lowered_bytes", "bad_inputs"} <= {o["check"] for o in ran}
+        assert {"values", "gradients", "collectives", "bad_inputs"} <= {o["check"] for o in ran}
     by = {o["id"]: o for o in outcomes}
     # the declared dtypes: int32 is not claimed by the all-gather, with its reason
     int32 = by["all_gather/downstream_ring_all_gather/dtype/5-x-explicit/cpu/int32"]
     assert int32["outcome"] == "not_claimed" and "claims float32, bfloat16" in int32["message"], int32
     # the shape predicate: 2-D meshes not claimed; 1-D meshes run at 8 rows per shard
     assert (
-        by["allgather_matmul/downstream_tiled_allgather_matmul/values/2x4-y-auto/cpu"]["outcome"]
+        by["allgather_matmul/downstream_tiled_allgather_matmul/values/2x4-y-auto-v5e/cpu"]["outcome"]
         == "not_claimed"
     )
-    values = by["allgather_matmul/downstream_tiled_allgather_matmul/values/4-x-auto/cpu"]
+    values = by["allgather_matmul/downstream_tiled_allgather_matmul/values/5-x-explicit/cpu"]
     assert values["outcome"] == "passed" and "rows_per_shard=8" in values["case"], values
-    sharding = by["allgather_matmul/downstream_tiled_allgather_matmul/output_sharding/8-x-auto/cpu/odd"]
+    sharding = by["allgather_matmul/downstream_tiled_allgather_matmul/output_sharding/5-x-explicit/cpu/odd"]
     assert sharding["outcome"] == "passed" and "rows_per_shard=8" in sharding["case"], sharding
-    even = by["allgather_matmul/downstream_tiled_allgather_matmul/output_sharding/8-x-auto/cpu/even"]
+    even = by["allgather_matmul/downstream_tiled_allgather_matmul/output_sharding/5-x-explicit/cpu/even"]
     assert even["outcome"] == "passed" and "rows_per_shard=16" in even["case"], even
     assert sharding["replay"].endswith("--kernels kernels.collectives"), sharding["replay"]
     overlap = [o for o in outcomes if o["check"] == "overlap" and o["outcome"] == "xfailed"]
