@@ -74,6 +74,20 @@ def _pytest(
     )
 
 
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory: pytest.TempPathFactory):
+    """``_pytest`` for tests that only read a sub-run's output: cases that ask two things of one
+    command line (two phrases of one error) share its run, in a scratch directory of its own."""
+    runs: dict[tuple[tuple[str, ...], str], subprocess.CompletedProcess] = {}
+
+    def run(*args: str, how: str = "one-process") -> subprocess.CompletedProcess:
+        if (args, how) not in runs:
+            runs[args, how] = _pytest(tmp_path_factory.mktemp("shared-run"), *args, how=how)
+        return runs[args, how]
+
+    return run
+
+
 @pytest.fixture
 def scratch_registry():
     """Registrations made by a test are undone after it."""
@@ -302,10 +316,8 @@ def test_meshes_of_rings_of_one_skip_the_checks_that_need_a_longer_ring_saying_s
         ("3-x-auto-v5e", "no v5e device order is known for the mesh shape 3"),
     ],
 )
-def test_a_mesh_the_run_cannot_build_is_a_usage_error(
-    tmp_path: Path, meshes: str, says: str, how: str
-) -> None:
-    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", f"--meshes={meshes}", how=how)
+def test_a_mesh_the_run_cannot_build_is_a_usage_error(shared_run, meshes: str, says: str, how: str) -> None:
+    done = shared_run("-m", "cpu", "--impl=opt_gather", f"--meshes={meshes}", how=how)
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
     assert says in done.stdout + done.stderr, done.stderr[-2000:]  # a job shows rank 0's output on stdout
     assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
@@ -322,10 +334,10 @@ def test_a_mesh_the_run_cannot_build_is_a_usage_error(
         ("xla_tpu_no_such_flag", "--compiler-option 'xla_tpu_no_such_flag' is not NAME=VALUE"),
     ],
 )
-def test_a_compiler_option_no_compiler_takes_is_a_usage_error(tmp_path: Path, option: str, says: str) -> None:
+def test_a_compiler_option_no_compiler_takes_is_a_usage_error(shared_run, option: str, says: str) -> None:
     if not tpu_compiler.available():
         pytest.skip(f"no TPU compiler here to refuse it: {tpu_compiler.unavailable_reason()}")
-    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", f"--compiler-option={option}", "-n", "2")
+    done = shared_run("-m", "cpu", "--impl=opt_gather", f"--compiler-option={option}", "-n", "2")
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
     assert says in done.stderr, done.stderr[-2000:]
     assert "INTERNALERROR" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
