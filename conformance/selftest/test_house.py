@@ -11,6 +11,7 @@ itself back through another.
 from __future__ import annotations
 
 import ast
+import configparser
 import importlib
 import os
 import pkgutil
@@ -24,6 +25,7 @@ import pytest
 import conformance
 import conformance.plugin
 from conformance import session as session_lib
+from conformance.dtypes import LAYOUT_WIDTHS
 from conformance.fixtures.meshes import parse_mesh
 from conformance.run import run_check
 from conformance.runner import Case
@@ -444,3 +446,27 @@ def test_the_wheel_ships_every_package_of_the_tree() -> None:
                 in_tree.add(".".join([name, *relative.parts]))
     missing = sorted(in_tree - listed)
     assert not missing, f"pyproject.toml's [tool.setuptools] packages leave out {missing}: no wheel has them"
+
+
+def layout_clause_of(tox_ini: str) -> str | None:
+    """The dtypes ``[vars] version_checks`` of a tox.ini's text runs the TPU layout at, or ``None``
+    where it has no such clause."""
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(tox_ini)
+    checks = parser.get("vars", "version_checks", fallback="")
+    found = re.search(r"test_tpu_layout and not \(([^()]*)\)", checks)
+    return found.group(1) if found else None
+
+
+def test_the_jax_ends_run_the_layout_at_the_dtypes_the_sweep_names() -> None:
+    """tox.ini's JAX ends and the sweep's scope ``versions`` run the TPU layout at
+    :data:`conformance.dtypes.LAYOUT_WIDTHS`: tox.ini cannot import the list, so it is written twice."""
+    tox_ini = Path(conformance.__file__).parent.parent / "tox.ini"
+    if not tox_ini.exists():
+        pytest.skip("an installed suite has no tox.ini: the source tree's selftest env holds this")
+    assert layout_clause_of(tox_ini.read_text()) == " or ".join(LAYOUT_WIDTHS), (
+        f"tox.ini's [vars] version_checks runs the TPU layout at other dtypes than "
+        f"conformance.dtypes.LAYOUT_WIDTHS {LAYOUT_WIDTHS}: change both together"
+    )
+    drifted = tox_ini.read_text().replace(" or ".join(LAYOUT_WIDTHS), "float32 or bfloat16 or int8")
+    assert layout_clause_of(drifted) != " or ".join(LAYOUT_WIDTHS)  # a drifted list is caught

@@ -23,6 +23,7 @@ import pytest
 from conformance.checks import CHECKS
 from conformance.checks.values import EAGER_MESHES
 from conformance.claims import NOT_CLAIMED
+from conformance.dtypes import LAYOUT_WIDTHS
 from conformance.fixtures.meshes import MESH_SETS, MeshConfig, parse_mesh
 from conformance.jobs.distributed import PALLAS_INTERPRET
 from conformance.reports import provenance
@@ -175,7 +176,7 @@ if SCOPE not in ("full", "versions"):
 #: Pallas one's 127 s: the emit-pipeline reduce-scatter's layout at six dtypes).
 VERSIONS_CORRECT_CASES = (
     "-2x4-y-auto-v5e or test_lowered_bytes or test_eager or (test_dtype and -5-x-explicit)"
-    " or (test_tpu_layout and (float32 or bfloat16 or float8_e4m3fn or int8))"
+    f" or (test_tpu_layout and ({' or '.join(LAYOUT_WIDTHS)}))"
 )
 
 
