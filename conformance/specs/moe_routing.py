@@ -55,7 +55,9 @@ from conformance.specs.base import (
 #: The kinds of routing the ``routing`` dim names, by value (0, 1, ...).
 ROUTINGS = (
     "each token's top-k experts drawn at random",
-    "every token's first choice is expert 0 (device 0 receives a row of every token)",
+    "heavy imbalance: every token's first choice is expert 0 (device 0 receives a row of every token), "
+    "its others drawn by a Zipf law over the expert ids (weight 1/id: the first devices' experts get "
+    "most rows, the last ones few or none)",
     "no token picks device 0's experts (where the others can fill a top-k)",
     "each device's tokens pick the next device's experts first (all its rows to one peer)",
     "each token's top-k experts drawn at random, the experts placed in a shuffled order (a load "
@@ -68,6 +70,10 @@ ROUTINGS = (
 #: The expert id of a choice that goes nowhere: its row is sent to no device, and a combine adds
 #: nothing for it (its weight is unused).
 UNROUTED = -1
+
+#: The routing of heavy imbalance: one expert gets a row of every token, a few others most of the
+#: rest (a router early in training, or a hot topic), the last experts few rows or none.
+HEAVY_IMBALANCE = 1
 
 #: The routing whose choices are partly :data:`UNROUTED`.
 UNROUTED_CHOICES = 5
@@ -100,8 +106,12 @@ def expert_ids(d: Dims, n: int) -> np.ndarray:
     ids = np.zeros((n * t_per, k), dtype=np.int64)
     for t in range(n * t_per):
         first: list[int] = []
-        if kind == 1:
+        if kind == HEAVY_IMBALANCE:
             first = [0]
+            if k > 1:  # the other choices: a Zipf law over ids 1..E-1, drawn without replacement
+                weights = 1.0 / np.arange(1, e)
+                others = rng.choice(np.arange(1, e), k - 1, replace=False, p=weights / weights.sum())
+                first += [int(c) for c in others]
         elif kind == 2 and e - x >= k:
             first = list(x + rng.permutation(e - x)[:k])
         elif kind == 3:
