@@ -137,13 +137,15 @@ def dispatched(
     n: int,
     axis_name: str,
     exchange: Exchange,
+    tables: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-    """One device's part of a dispatch (the module doc's steps 1 and 2): ``[C, H]``."""
+    """One device's part of a dispatch (the module doc's steps 1 and 2): ``[C, H]``. ``tables``: the
+    :func:`routing_tables` where the caller has them (a layer's combine reads the same)."""
     t, k = expert_ids.shape
     x = placement.shape[-1]
     rows = n * t * min(k, x)
     me = lax.axis_index(axis_name)
-    device, local, counts = routing_tables(expert_ids, placement, n=n, axis_name=axis_name)
+    device, local, counts = tables or routing_tables(expert_ids, placement, n=n, axis_name=axis_name)
     order = sorted_order(device, local, x)
     pairs = counts.sum(-1)  # [senders, receivers]
     send_sizes = pairs[me]
@@ -171,13 +173,15 @@ def combined(
     axis_name: str,
     exchange: Exchange,
     in_token_order: bool = True,
+    tables: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """One device's part of a combine (the module doc's steps 1 and 3): ``[T, H]``. ``in_token_order=False``
-    leaves the returned rows in the order they come back (a self-test's defect)."""
+    leaves the returned rows in the order they come back (a self-test's defect); ``tables`` as for
+    :func:`dispatched`."""
     t, k = expert_ids.shape
     x = placement.shape[-1]
     me = lax.axis_index(axis_name)
-    device, local, counts = routing_tables(expert_ids, placement, n=n, axis_name=axis_name)
+    device, local, counts = tables or routing_tables(expert_ids, placement, n=n, axis_name=axis_name)
     pairs = counts.sum(-1)
     source, held = regrouped(counts[:, me, :].T, expert_rows.shape[0])  # arrival position -> expert-major
     back = jnp.where(held[:, None], expert_rows[source], jnp.zeros((), expert_rows.dtype))

@@ -35,6 +35,7 @@ from conformance.selftest import (
     broken_matmul_reduce_scatter_kernels,
     broken_mesh_kernels,
     broken_moe_kernels,
+    broken_moe_layer_kernels,
     broken_overlap_kernels,
     broken_pallas_kernels,
     broken_ragged_kernels,
@@ -59,6 +60,7 @@ BROKEN = (
     broken_direction_kernels,
     broken_ragged_kernels,
     broken_moe_kernels,
+    broken_moe_layer_kernels,
 )
 KERNEL_MODULES = ",".join(module.__name__ for module in (*BROKEN, other_style_kernels))
 EXPECTED_REJECTION = {k: v for module in BROKEN for k, v in module.EXPECTED_REJECTION.items()}
@@ -71,7 +73,7 @@ HANGING = frozenset(k for k, text in EXPECTED_MESSAGE.items() if text.startswith
 #: A broken kernel whose check the sweep runs on one case only (a ``-k`` word of its test ids)
 EXPECTED_ON = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_ON", {}).items()}
 #: Correct kernels of other styles: the checks each must pass.
-EXPECTED_PASS = other_style_kernels.EXPECTED_PASS
+EXPECTED_PASS = {**other_style_kernels.EXPECTED_PASS, **broken_moe_layer_kernels.EXPECTED_PASS}
 #: A skip for what this host cannot try (never a failure): a kernel it cannot lower for TPU, or no
 #: libtpu to judge the TPU layout (the CI envs install it).
 HOST_LIMITS = (HOST_LIMIT, "judged by the real TPU compiler")
