@@ -83,6 +83,12 @@ def xla_exchange(*operands: jax.Array, axis_name: str, capacity: int) -> jax.Arr
     return lax.ragged_all_to_all(*operands, axis_name=axis_name)
 
 
+def _slots_for(exchange: Exchange, receiver_slots: jax.Array) -> dict[str, jax.Array]:
+    """``receiver_slots`` for an exchange marked ``takes_receiver_slots`` (the padded dense one, which
+    then skips its all-to-all of the senders' ``output_offsets``); nothing for any other."""
+    return {"receiver_slots": receiver_slots} if getattr(exchange, "takes_receiver_slots", False) else {}
+
+
 def _exclusive(sizes: jax.Array, axis: int = 0) -> jax.Array:
     return jnp.cumsum(sizes, axis=axis) - sizes
 
@@ -158,6 +164,7 @@ def dispatched(
         pairs[:, me],
         axis_name=axis_name,
         capacity=t * min(k, x),
+        **_slots_for(exchange, _exclusive(pairs, axis=0)[:, me]),
     )
     source, held = regrouped(counts[:, me, :], rows)  # expert-major position -> arrival position
     return jnp.where(held[:, None], arrived[source], jnp.zeros((), tokens.dtype))
@@ -194,6 +201,7 @@ def combined(
         pairs[me],
         axis_name=axis_name,
         capacity=t * min(k, x),
+        **_slots_for(exchange, _exclusive(pairs, axis=1)[me]),
     )
     order = sorted_order(device, local, x)
     chosen = (jnp.zeros_like(returned).at[order].set(returned) if in_token_order else returned).reshape(

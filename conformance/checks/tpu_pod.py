@@ -74,6 +74,10 @@ def check_tpu_pod(case: Case) -> TpuPodRecord:
         return made
 
     with keeping(records), compiled_for(topology):
+        op_refused = _ragged_all_to_all_refused(case, topology)
+        if op_refused is not None:  # the op's limit on this slice, asked of the compiler once
+            record(None, None)
+            raise NotJudged(op_refused)
         try:
             compiled = call_kernel(
                 case,
@@ -130,6 +134,29 @@ def tpu_pod_table(records: list[Any]) -> list[tuple[str, list[str]]]:
         lines.append(f"{family:<21} {impl:<{width}}  " + "  |  ".join(cells))
     lines.append(judges_line(records))
     return [("TPU pod scale: compiled for whole v5e slices by the real TPU compiler", lines)]
+
+
+def _ragged_all_to_all_refused(case: Case, topology: str) -> str | None:
+    """Why ``case`` is not judged on ``topology`` without compiling it: the kernel calls XLA's ragged
+    all-to-all, and libtpu refuses that op itself on the slice
+    (:func:`~conformance.targets.tpu_compiler.ragged_all_to_all_refusal`, one one-op program a slice).
+    ``None`` where either is not so: the kernel is compiled and judged as any other. What else the
+    compiler would say of such a program on this slice is not reached there (the op stops it), as on a
+    chip."""
+    mesh = tpu_compiler.mesh_on(case.mesh, topology)
+    if not cpu_ragged_all_to_all.implementation_calls_the_op(case, mesh=mesh):
+        return None
+    refusal = tpu_compiler.ragged_all_to_all_refusal(topology)
+    if refusal is None:
+        return None
+    whose = (
+        "XLA's own op" if case.implementation.baseline else "the kernel calls XLA's ragged all-to-all, which"
+    )
+    return (
+        f"{whose} does not compile on {case.mesh.num_devices} chips ({topology}): libtpu refuses the op "
+        f"itself there, in a one-op program compiled for the slice: {refusal} "
+        f"({tpu_compiler.judge(topology)}); the platform's limit, not the kernel's"
+    )
 
 
 def _refuses_xla_ragged_all_to_all(case: Case, topology: str, refusal: Exception) -> bool:

@@ -15,6 +15,8 @@ quiet (:func:`chipless_start`).
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import dataclasses
 import functools
 import importlib.metadata
@@ -270,6 +272,52 @@ def compile_on(
         raise CompilerRefusal(first_lines(str(e))) from e
     except Exception as e:  # XlaRuntimeError, JaxRuntimeError, Mosaic's lowering errors: their own words
         raise CompilerRefusal(f"{type(e).__name__}: {first_lines(str(e))}") from e
+
+
+@functools.cache
+def ragged_all_to_all_refusal(topology: str) -> str | None:
+    """libtpu's refusal of XLA's ``lax.ragged_all_to_all`` itself on ``topology`` (``None`` where it
+    compiles): a one-op program over the whole slice, one row a peer, compiled as any kernel is (so kept,
+    and read back by every worker and later run, :mod:`conformance.targets.target_compiles`).
+
+    libtpu 0.0.42 refuses the op on v5e slices of 64 and 256 chips whatever the program ("Ragged
+    all-to-all is currently not supported in limited ICI routing settings", a RET_CHECK on the target,
+    not on the program), and at 256 chips that refusal alone takes 10-20 s of each kernel's compile.
+    Asked once per slice, it answers for every kernel that calls the op there; a later libtpu that
+    compiles it answers ``None``, and each kernel is compiled as before. Traced on a thread of its own:
+    a program's locations (its call stack) are part of its key, and are then the same whichever check
+    asks first."""
+    context = contextvars.copy_context()  # the session, whose store keeps the compile
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(context.run, _ragged_all_to_all_probe, topology).result()
+
+
+def _ragged_all_to_all_probe(topology: str) -> str | None:
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = topology_devices(topology)
+    n = len(devices)
+    mesh = jax.sharding.Mesh(np.array(devices), ("x",))
+
+    def one_row_a_peer(x: jax.Array, ones: jax.Array) -> jax.Array:
+        # row j to peer j, landing in row (this device's index) there
+        me = jnp.full((n,), lax.axis_index("x"), jnp.int32)
+        return lax.ragged_all_to_all(x, x, jnp.arange(n, dtype=jnp.int32), ones, me, ones, axis_name="x")
+
+    fn = jax.shard_map(one_row_a_peer, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x"))
+    sharded = NamedSharding(mesh, P("x"))
+    args = (
+        jax.ShapeDtypeStruct((n * n, 128), jnp.bfloat16, sharding=sharded),
+        jax.ShapeDtypeStruct((n * n,), jnp.int32, sharding=sharded),
+    )
+    try:
+        compile_on(fn, args)
+    except CompilerRefusal as refusal:
+        return str(refusal)
+    return None
 
 
 def compile_options(options: dict[str, Any] | None = None) -> dict[str, Any]:
