@@ -24,8 +24,9 @@ import numpy as np
 #: Between a pair's operand dtype and its result dtype.
 SEPARATOR = "_to_"
 #: One dtype of each width libtpu's layouts tell apart (32-, 16- and 8-bit floats, 8-bit integers):
-#: what the JAX-end envs run the TPU layout at, in tox.ini's ``version_checks`` and the broken-kernel
-#: sweep's scope ``versions`` alike (tox.ini cannot import it: a house self-test holds the two equal).
+#: what the JAX-end envs run the TPU layout and the TPU bytes at, in tox.ini's ``version_checks``, and the
+#: broken-kernel sweep's scope ``versions`` the layout (tox.ini cannot import it: a house self-test
+#: holds the two equal).
 LAYOUT_WIDTHS = ("float32", "bfloat16", "float8_e4m3fn", "int8")
 
 

@@ -449,17 +449,17 @@ def test_the_wheel_ships_every_package_of_the_tree() -> None:
 
 
 def layout_clause_of(tox_ini: str) -> str | None:
-    """The dtypes ``[vars] version_checks`` of a tox.ini's text runs the TPU layout at, or ``None``
-    where it has no such clause."""
+    """The dtypes ``[vars] version_checks`` of a tox.ini's text runs the TPU layout and the TPU bytes at,
+    or ``None`` where it has no such clause."""
     parser = configparser.ConfigParser(interpolation=None)
     parser.read_string(tox_ini)
     checks = parser.get("vars", "version_checks", fallback="")
-    found = re.search(r"test_tpu_layout and not \(([^()]*)\)", checks)
+    found = re.search(r"\(test_tpu_layout or test_tpu_bytes\) and not \(([^()]*)\)", checks)
     return found.group(1) if found else None
 
 
 def test_the_jax_ends_run_the_layout_at_the_dtypes_the_sweep_names() -> None:
-    """tox.ini's JAX ends and the sweep's scope ``versions`` run the TPU layout at
+    """tox.ini's JAX ends (the TPU layout and bytes) and the sweep's scope ``versions`` (the layout) run at
     :data:`conformance.dtypes.LAYOUT_WIDTHS`: tox.ini cannot import the list, so it is written twice."""
     tox_ini = Path(conformance.__file__).parent.parent / "tox.ini"
     if not tox_ini.exists():
