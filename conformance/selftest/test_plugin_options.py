@@ -302,18 +302,30 @@ def test_meshes_of_rings_of_one_skip_the_checks_that_need_a_longer_ring_saying_s
     assert "1 skipped" in done.stdout and " passed" in done.stdout, done.stdout[-1500:]
 
 
-@pytest.mark.parametrize("how", sorted(WORKERS))
+#: Each bad ``--meshes`` label and what the usage error says. Every one is run in one process; with
+#: workers and in a job (where the error is raised in a worker or a rank, and the devices counted are the
+#: job's) the labels marked ``True``: the device count, whose message turns on where the run is, and
+#: one label that does not parse. The parsing is the same code wherever it runs.
+BAD_MESHES = (
+    (
+        "16-x-auto",
+        "16-x-auto needs 16 devices; ",
+        True,
+    ),  # "the suite's CPU run (8 ...) has 8", "this job of 2 x 4"
+    ("6-q-auto", "mesh label '6-q-auto': axis 'q' is not one of ('x',)", False),
+    ("4-x-atuo", "bad mesh label '4-x-atuo'", True),
+    ("4-x-atuo", "did you mean 4-x-auto", True),
+    ("3-x-auto-v5e", "no v5e device order is known for the mesh shape 3", False),
+)
+
+
 @pytest.mark.parametrize(
-    "meshes, says",
+    "meshes, says, how",
     [
-        (
-            "16-x-auto",
-            "16-x-auto needs 16 devices; ",
-        ),  # "the suite's CPU run (8 ...) has 8", "this job of 2 x 4"
-        ("6-q-auto", "mesh label '6-q-auto': axis 'q' is not one of ('x',)"),
-        ("4-x-atuo", "bad mesh label '4-x-atuo'"),
-        ("4-x-atuo", "did you mean 4-x-auto"),
-        ("3-x-auto-v5e", "no v5e device order is known for the mesh shape 3"),
+        (meshes, says, how)
+        for how in sorted(WORKERS)
+        for meshes, says, everywhere in BAD_MESHES
+        if everywhere or how == "one-process"
     ],
 )
 def test_a_mesh_the_run_cannot_build_is_a_usage_error(shared_run, meshes: str, says: str, how: str) -> None:
@@ -359,8 +371,14 @@ BAD_KERNEL_MODULES = {
 }
 
 
-@pytest.mark.parametrize("how", sorted(WORKERS))
-@pytest.mark.parametrize("bad", sorted(BAD_KERNEL_MODULES))
+@pytest.mark.parametrize(
+    "bad, how",
+    # each bad module in one process; with workers and in a job (where the import runs again in each
+    # worker or rank, and the launcher adds its lines) the syntax error: the same import path raises
+    # each of them
+    [(bad, "one-process") for bad in sorted(BAD_KERNEL_MODULES)]
+    + [("a syntax error", how) for how in sorted(WORKERS) if how != "one-process"],
+)
 def test_a_kernels_module_that_does_not_import_is_one_usage_error(tmp_path: Path, bad: str, how: str) -> None:
     source, *says = BAD_KERNEL_MODULES[bad]
     done = _pytest(tmp_path, "-m", "cpu", kernels=source, how=how)
