@@ -157,6 +157,30 @@ def test_a_kernel_on_the_op_meets_the_ops_pod_limit_not_judged_as_the_baseline_d
         assert "the kernel calls XLA's ragged all-to-all" in said.message, said.message
 
 
+def test_the_pod_probe_answers_only_a_refusal_of_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-op program that asks libtpu whether a slice takes XLA's ragged all-to-all answers for
+    every kernel on the op only where the compiler's refusal names the op; any other refusal of the
+    probe (its own program on some JAX) answers nothing, and each kernel is compiled and judged."""
+    from conformance.targets import tpu_compiler
+
+    if not tpu_compiler.available():
+        pytest.skip(f"no TPU compiler here: {tpu_compiler.unavailable_reason()}")
+    for said, answer in (
+        ("INTERNAL: RET_CHECK failure ... Ragged all-to-all is currently not supported", True),
+        ("INTERNAL: something else entirely", False),
+    ):
+
+        def refused(*args, said=said, **kwargs):
+            raise tpu_compiler.CompilerRefusal(said)
+
+        monkeypatch.setattr(tpu_compiler, "compile_on", refused)
+        tpu_compiler.ragged_all_to_all_refusal.cache_clear()
+        try:
+            assert (tpu_compiler.ragged_all_to_all_refusal("v5e:2x2") == said) is answer
+        finally:
+            tpu_compiler.ragged_all_to_all_refusal.cache_clear()
+
+
 def test_a_kernel_on_the_op_is_not_held_to_the_emulations_collectives() -> None:
     """The emulation's all-to-alls in the module compiled for CPU count as the op's groups: a MoE
     dispatch written on the op (the baseline's code under a kernel's name) passes collectives and
