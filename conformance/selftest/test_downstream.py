@@ -129,9 +129,11 @@ def test_a_family_of_ones_own_and_reuse_of_fixture_and_checks(installed: dict[st
 
 def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     """ci.sh's conformance run, on the quick cover of meshes (``--mesh-cover=quick``, every check on
-    the meshes of it that it argues for): what a non-editable install, the example's registering module,
-    its known failures and both reports meet is the same on the other meshes, whose checks the cpu-wide
-    env runs on the built-ins (the whole of ci.sh's run took 220 s of the selftest env, this part 143 s)."""
+    the meshes of it that it argues for) and the TPU compile tier's 8-chip slice and 64-chip pod: what a
+    non-editable install, the example's registering module, its known failures and both reports meet is
+    the same on the other meshes and slices, whose checks the cpu-wide and tpu-compile envs run on the
+    built-ins. The 12- and 16-chip slices and the 256-chip pod were 100 s of this run's 145 s of test
+    time (the three MoE kernels' 256-chip compiles 60 s of it), for no assertion here."""
     out = installed["root"] / "results"
     out.mkdir()
     command = (
@@ -144,7 +146,8 @@ def test_conformance_run_as_the_readme_says(installed: dict[str, Path]) -> None:
     )
     assert command[:2] == ["-m", "cpu"], command
     args = [a.replace('"$out', str(out)).replace('"', "").replace("'", "") for a in command]
-    quick = ("--mesh-cover=quick", "-p", "no:cacheprovider", "-q")
+    slices = "not 12-x-explicit and not 16-x-explicit and not 256-x-explicit"
+    quick = ("--mesh-cover=quick", "-k", slices, "-p", "no:cacheprovider", "-q")
     done = _run(installed, "-m", "pytest", "--pyargs", "conformance", *args, *quick)
     tail = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, tail
