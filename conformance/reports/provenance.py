@@ -47,6 +47,15 @@ def source_digest() -> str:
     digest = hashlib.sha256()
     for name in DISTRIBUTIONS:
         digest.update(f"{name}=={_version(name)}\n".encode())
+    digest.update(tree_digest().encode())
+    return digest.hexdigest()
+
+
+@functools.cache
+def tree_digest() -> str:
+    """SHA-256 of every source file of the suite (path and bytes) alone, whatever JAX it runs on: what
+    a run on another JAX reads of this tree's earlier runs is keyed by it."""
+    digest = hashlib.sha256()
     for root in _roots():
         for path in sorted(
             p for p in root.rglob("*") if p.suffix in _SUFFIXES and "__pycache__" not in p.parts

@@ -9,6 +9,7 @@ registry of this process clean and tests the command-line path itself.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shlex
@@ -227,6 +228,32 @@ BUILTIN_VERDICTS = [
     Path(p) for p in os.environ.get("CONFORMANCE_BUILTIN_VERDICTS", "").split(os.pathsep) if p
 ]
 
+#: ``CONFORMANCE_SWEEP_CATCHES=FILE`` (tox.ini: the selftest env writes it, the JAX-end envs read it).
+#: A sweep that ran every broken kernel's check on the whole subset writes there, for each kernel, the
+#: first mesh of the subset on which that check rejected it, under this tree's digest
+#: (:func:`conformance.reports.provenance.tree_digest`: the suite's files, not the JAX they ran on). A
+#: sweep of scope ``versions`` that finds that file made by this very tree runs each broken kernel's
+#: check on that mesh alone: the question there is whether this JAX still lets the check see the defect,
+#: which one case where it shows answers; where it is seen is the selftest env's question, asked on the
+#: whole subset. A kernel the file does not name (a new one, a mesh-less check) runs on the whole subset.
+SWEEP_CATCHES = (
+    Path(os.environ["CONFORMANCE_SWEEP_CATCHES"]) if os.environ.get("CONFORMANCE_SWEEP_CATCHES") else None
+)
+#: The broken kernels each scope runs on the whole subset: those whose self-tests below count their
+#: outcomes over it (the odd shape's failures, bad inputs' meshes, the watchdog's one hang, the overlap
+#: defects' every other check), and the hanging ones (:data:`HANGING`), whose run waits beside the two
+#: that compute and whose hang JAX's interpreter may place elsewhere: JAX 0.6.2's deadlocks inside JAX on
+#: the odd ring where a later JAX's kernel hangs there, a host limit that leaves it to another mesh.
+COUNTED = frozenset(
+    {
+        *HANGING,
+        ODD_ROWS,
+        "broken_truncates_indivisible_rows",
+        "broken_pallas_blocks_beyond_the_watchdog",
+        *broken_overlap_kernels.EXPECTED_PASS,
+    }
+)
+
 Verdicts = dict[str, dict[str, list[tuple[str, str]]]]
 
 
@@ -278,6 +305,52 @@ def builtin_verdicts_of_earlier_runs(reports: list[Path]) -> tuple[Verdicts | No
     return merged, ", ".join(str(r) for r in reports)
 
 
+def _mesh_of(rest: str) -> str | None:
+    """The mesh of the subset a test id's parameters after the implementation (``5-x-explicit-cpu-odd``)
+    name, or ``None`` (a mesh-less test)."""
+    return next((m for m in SUBSET_MESHES if rest == m or rest.startswith(f"{m}-")), None)
+
+
+def catching_meshes(reports: list[Path]) -> dict[str, str]:
+    """{broken kernel: the first mesh of the subset (in :data:`SUBSET_MESHES`' order) on which the check
+    meant for it failed it} in the sweep's JUnit files ``reports``; a kernel that check failed on no
+    mesh of the subset (a mesh-less check, or not rejected at all) has no entry."""
+    failed_on: dict[str, set[str]] = defaultdict(set)
+    for report in reports:
+        for case in ET.parse(report).getroot().iter("testcase"):
+            m = _ID.match(case.get("name", ""))
+            if not m or EXPECTED_REJECTION.get(m["impl"]) != m["test"] or case.find("failure") is None:
+                continue
+            if mesh := _mesh_of(m["rest"]):
+                failed_on[m["impl"]].add(mesh)
+    return {impl: next(m for m in SUBSET_MESHES if m in meshes) for impl, meshes in sorted(failed_on.items())}
+
+
+def write_catches(path: Path, catches: dict[str, str]) -> None:
+    """Write ``catches`` (:func:`catching_meshes`) to ``path`` under this tree's digest, whole or not
+    at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps({"tree": provenance.tree_digest(), "catches": catches}, indent=1) + "\n")
+    partial.replace(path)
+
+
+def catches_of_an_earlier_sweep(path: Path | None) -> tuple[dict[str, str] | None, str]:
+    """The catching meshes an earlier sweep of this very tree wrote to ``path`` and where they came from;
+    ``None`` and why not where there is no such file or another tree made it."""
+    if path is None:
+        return None, "no earlier sweep named (CONFORMANCE_SWEEP_CATCHES)"
+    if not path.is_file():
+        return None, f"{path} does not exist"
+    try:
+        document = json.loads(path.read_text())
+    except ValueError as e:
+        return None, f"{path} is not a sweep's catches ({e})"
+    if not isinstance(document, dict) or document.get("tree") != provenance.tree_digest():
+        return None, f"{path} was made by other code"
+    return dict(document["catches"]), str(path)
+
+
 def _pallas_kernels() -> set[str]:
     """The registered Pallas kernels (those of the sweep's run that TPU interpret mode runs)."""
     from conformance import registry, specs
@@ -285,16 +358,22 @@ def _pallas_kernels() -> set[str]:
     return {i.name for family in specs.FAMILIES for i in registry.registered(family) if i.pallas}
 
 
-def sweep_selections(*, builtins: bool) -> list[str]:
-    """The ``-k`` expressions of the sweep's runs: each broken kernel only the check meant for it, each
+def sweep_selections(*, builtins: bool, catches: dict[str, str] | None = None) -> list[str]:
+    """The ``-k`` expressions of the sweep's runs: each broken kernel only the check meant for it (on
+    the mesh ``catches`` names for it alone, where it names one and the kernel is not :data:`COUNTED`), each
     correct kernel of another style the checks it must pass (and the built-ins every check, where
     ``builtins``), in three runs side by side: the Pallas kernels, the rest, and the kernels that hang
     (:data:`HANGING`), whose wait for the watchdog costs the run's time and no CPU, so that it passes
     beside the two that compute rather than after one of them. Each kernel's tests stay in one run, so
     a hang is waited out once and its later checks are not judged."""
+    catches = catches or {}
+
+    def where(impl: str) -> str:
+        on = f" and {EXPECTED_ON[impl]}" if impl in EXPECTED_ON else ""
+        return on + (f" and -{catches[impl]}" if impl in catches and impl not in COUNTED else "")
+
     clauses: list[tuple[str, str]] = [
-        (impl, f"({impl} and {test}{f' and {EXPECTED_ON[impl]}' if impl in EXPECTED_ON else ''})")
-        for impl, test in EXPECTED_REJECTION.items()
+        (impl, f"({impl} and {test}{where(impl)})") for impl, test in EXPECTED_REJECTION.items()
     ]
     clauses.append(
         (ODD_ROWS, f"({ODD_ROWS} and test_output_sharding)")
@@ -323,15 +402,24 @@ def sweep_selections(*, builtins: bool) -> list[str]:
 
 
 @functools.cache
-def suite_run(tmp_dir: str) -> tuple[Verdicts, str, str]:
+def suite_run(tmp_dir: str) -> tuple[Verdicts, str, str, str]:
     """{impl: {test: [(outcome, message), ...]}} from the sweep's runs of the conformance suite, their
-    output, and where the built-ins' verdicts came from (the earlier runs :data:`BUILTIN_VERDICTS`
-    names, where they hold; else these runs, and why). Its three runs go at once, as three processes
-    (one, in a job of :data:`LAUNCH`): the self-tests' other worker runs the rest beside them."""
+    output, where the built-ins' verdicts came from (the earlier runs :data:`BUILTIN_VERDICTS`
+    names, where they hold; else these runs, and why), and where each broken kernel's check ran (the
+    whole subset, or in scope ``versions`` the meshes :data:`SWEEP_CATCHES` holds, where it holds). Its
+    three runs go at once, as three processes (one, in a job of :data:`LAUNCH`): the self-tests' other
+    worker runs the rest beside them. A run on the whole subset writes its catches to
+    :data:`SWEEP_CATCHES` where that is set."""
     earlier, source = builtin_verdicts_of_earlier_runs(BUILTIN_VERDICTS) if SCOPE == "full" else (None, "")
     if earlier is None:
         source = f"run by the sweep itself: {source or 'CONFORMANCE_SELFTEST_SCOPE=versions'}"
-    selections = sweep_selections(builtins=SCOPE == "full" and earlier is None)
+    catches, cover = catches_of_an_earlier_sweep(SWEEP_CATCHES) if SCOPE == "versions" else (None, "")
+    cover = (
+        f"each broken kernel on the mesh where the sweep at {cover} caught it"
+        if catches is not None
+        else f"the whole subset{f' ({cover})' if cover else ''}"
+    )
+    selections = sweep_selections(builtins=SCOPE == "full" and earlier is None, catches=catches)
     if LAUNCH:
         selections = [" or ".join(f"({s})" for s in selections)]
     runs = []
@@ -359,6 +447,7 @@ def suite_run(tmp_dir: str) -> tuple[Verdicts, str, str]:
         runs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True), out, err, report))
     verdicts: Verdicts = defaultdict(lambda: defaultdict(list))
     output = []
+    reports = []
     for proc, out, err, report in runs:
         proc.wait(timeout=3600)
         texts = []
@@ -375,9 +464,12 @@ def suite_run(tmp_dir: str) -> tuple[Verdicts, str, str]:
             for test, outcomes in tests.items():
                 verdicts[impl][test].extend(outcomes)
         output.append(stdout)
+        reports.append(report)
+    if SWEEP_CATCHES is not None and catches is None and not LAUNCH:  # a job skips the Pallas checks
+        write_catches(SWEEP_CATCHES, catching_meshes(reports))
     if earlier is not None:
         verdicts.update(earlier)
-    return verdicts, "\n".join(output), source
+    return verdicts, "\n".join(output), source, cover
 
 
 @pytest.fixture(scope="module")
@@ -458,7 +550,8 @@ def test_an_overlap_defect_passes_every_other_check(verdicts, impl: str) -> None
 
 
 @pytest.mark.parametrize("impl", sorted(EXPECTED_REJECTION))
-def test_broken_kernel_rejected_by_its_check(verdicts, impl: str) -> None:
+def test_broken_kernel_rejected_by_its_check(suite, verdicts, impl: str, record_property) -> None:
+    record_property("sweep_cover", suite[3])  # in the JUnit file: the whole subset, or the catching meshes
     check = EXPECTED_REJECTION[impl]
     outcomes = verdicts[impl][check]
     if LAUNCH and outcomes and all(o == "skipped" and PALLAS_INTERPRET in m for o, m in outcomes):
@@ -477,7 +570,9 @@ def test_broken_kernel_rejected_by_its_check(verdicts, impl: str) -> None:
         ]
         assert len(hangs) == 1, hangs
         check, failures = hangs[0][0], [hangs[0][1]]
-    assert failures, f"{impl} should fail {check}, but its outcomes were {[o for o, _ in outcomes]}"
+    assert failures, (
+        f"{impl} should fail {check}, but its outcomes were {[o for o, _ in outcomes]} (run on {suite[3]})"
+    )
     message = failures[0]
     check_name = check.removeprefix("test_")
     for needed in (
@@ -507,7 +602,7 @@ def test_truncating_kernel_fails_bad_inputs_on_every_mesh_type_for_its_real_reas
 
 
 def test_a_defect_that_needs_odd_rows_fails_the_odd_shape_only_and_is_summarized_as_one_cause(suite) -> None:
-    verdicts, output, _ = suite
+    verdicts, output, *_ = suite
     outcomes = verdicts[ODD_ROWS]["test_output_sharding"]
     names = [message for outcome, message in outcomes if outcome == "failed"]
     assert len(outcomes) == fixed_shape_tests("output_sharding"), outcomes  # both fixed shapes
@@ -613,3 +708,45 @@ def test_earlier_verdicts_are_taken_only_from_this_tree_s_run_of_every_builtin_t
     assert missing is None and "xla_all_gather did not run ['test_values']" in why, why
     absent, why = builtin_verdicts_of_earlier_runs([tmp_path / "absent.xml"])
     assert absent is None and "does not exist" in why, why
+
+
+def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_kernel(tmp_path: Path) -> None:
+    """The JAX ends run a broken kernel's check on the mesh where this very tree's sweep caught it: the
+    first mesh of the subset it failed on, never one it passed on; never from a file of other code; and
+    never for a kernel whose self-tests count its outcomes over the whole subset."""
+    report = tmp_path / "sweep.xml"
+    cases = [
+        ("broken_ring_wrong_slot", "test_values", "8-x-auto-cpu", True),
+        ("broken_ring_wrong_slot", "test_values", "5-x-explicit-cpu", True),
+        ("broken_ring_wrong_slot", "test_values", "1-x-explicit-cpu", False),
+        ("broken_ring_wrong_slot", "test_output_sharding", "1-x-explicit-cpu-odd", True),  # not its check
+        (ODD_ROWS, "test_values", "5-x-explicit-cpu", True),
+    ]
+    report.write_text(
+        "<testsuites><testsuite>"
+        + "".join(
+            f'<testcase classname="conformance.tests.test_x" name="{test}[{impl}-{rest}]">'
+            + ('<failure message="wrong"/>' if failed else "")
+            + "</testcase>"
+            for impl, test, rest, failed in cases
+        )
+        + "</testsuite></testsuites>"
+    )
+    catches = catching_meshes([report])
+    assert catches == {"broken_ring_wrong_slot": "5-x-explicit", ODD_ROWS: "5-x-explicit"}, catches
+    path = tmp_path / "catches.json"
+    write_catches(path, catches)
+    assert catches_of_an_earlier_sweep(path) == (catches, str(path))
+    path.write_text(json.dumps({"tree": "0" * 64, "catches": catches}))
+    stale, why = catches_of_an_earlier_sweep(path)
+    assert stale is None and "other code" in why, why
+    absent, why = catches_of_an_earlier_sweep(tmp_path / "absent.json")
+    assert absent is None and "does not exist" in why, why
+    selected = " ".join(sweep_selections(builtins=False, catches=catches))
+    assert "(broken_ring_wrong_slot and test_values and -5-x-explicit)" in selected, selected
+    assert (
+        f"({ODD_ROWS} and test_values)" in selected
+        and f"{ODD_ROWS} and test_values and -" not in selected
+    )
+    whole = " ".join(sweep_selections(builtins=False))
+    assert "(broken_ring_wrong_slot and test_values)" in whole, whole
