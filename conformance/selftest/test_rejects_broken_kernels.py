@@ -744,9 +744,6 @@ def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_k
     assert absent is None and "does not exist" in why, why
     selected = " ".join(sweep_selections(builtins=False, catches=catches))
     assert "(broken_ring_wrong_slot and test_values and -5-x-explicit)" in selected, selected
-    assert (
-        f"({ODD_ROWS} and test_values)" in selected
-        and f"{ODD_ROWS} and test_values and -" not in selected
-    )
+    assert f"({ODD_ROWS} and test_values)" in selected and f"{ODD_ROWS} and test_values and -" not in selected
     whole = " ".join(sweep_selections(builtins=False))
     assert "(broken_ring_wrong_slot and test_values)" in whole, whole
