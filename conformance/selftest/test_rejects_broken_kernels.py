@@ -351,6 +351,14 @@ def catches_of_an_earlier_sweep(path: Path | None) -> tuple[dict[str, str] | Non
     return dict(document["catches"]), str(path)
 
 
+def narrowed_to_its_catch(impl: str) -> bool:
+    """Whether this sweep runs broken kernel ``impl``'s check on its catching mesh alone."""
+    if SCOPE != "versions" or impl in COUNTED:
+        return False
+    catches, _ = catches_of_an_earlier_sweep(SWEEP_CATCHES)
+    return catches is not None and impl in catches
+
+
 def _pallas_kernels() -> set[str]:
     """The registered Pallas kernels (those of the sweep's run that TPU interpret mode runs)."""
     from conformance import registry, specs
@@ -557,6 +565,11 @@ def test_broken_kernel_rejected_by_its_check(suite, verdicts, impl: str, record_
     if LAUNCH and outcomes and all(o == "skipped" and PALLAS_INTERPRET in m for o, m in outcomes):
         pytest.skip(f"{impl}: {check} {PALLAS_INTERPRET}")
     if outcomes and all(_host_limited(o) for o in outcomes):
+        # on the whole subset no mesh could judge it here; narrowed to its catching mesh, another might
+        assert not narrowed_to_its_catch(impl), (
+            f"{impl}: {check} ran on its catching mesh alone ({suite[3]}), which this host cannot judge at "
+            f"this JAX ({outcomes[0][1][:300]}): add it to COUNTED, which runs it on the whole subset"
+        )
         pytest.skip(f"{impl}: {check}: {outcomes[0][1]}")
     failures = [msg for outcome, msg in outcomes if outcome == "failed"]
     if not failures and outcomes and all(o == "skipped" and "earlier in this run" in m for o, m in outcomes):
@@ -710,10 +723,12 @@ def test_earlier_verdicts_are_taken_only_from_this_tree_s_run_of_every_builtin_t
     assert absent is None and "does not exist" in why, why
 
 
-def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_kernel(tmp_path: Path) -> None:
+def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The JAX ends run a broken kernel's check on the mesh where this very tree's sweep caught it: the
     first mesh of the subset it failed on, never one it passed on; never from a file of other code; and
-    never for a kernel whose self-tests count its outcomes over the whole subset."""
+    never for a kernel whose self-tests count its outcomes over the whole subset, nor a hanging one."""
     report = tmp_path / "sweep.xml"
     cases = [
         ("broken_ring_wrong_slot", "test_values", "8-x-auto-cpu", True),
@@ -747,3 +762,11 @@ def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_k
     assert f"({ODD_ROWS} and test_values)" in selected and f"{ODD_ROWS} and test_values and -" not in selected
     whole = " ".join(sweep_selections(builtins=False))
     assert "(broken_ring_wrong_slot and test_values)" in whole, whole
+    # where a narrowed kernel's one case cannot be judged here, its test fails rather than skips
+    write_catches(path, {**catches, **dict.fromkeys(HANGING, "5-x-explicit")})
+    monkeypatch.setitem(globals(), "SWEEP_CATCHES", path)
+    monkeypatch.setitem(globals(), "SCOPE", "versions")
+    assert narrowed_to_its_catch("broken_ring_wrong_slot")
+    assert not any(narrowed_to_its_catch(impl) for impl in (ODD_ROWS, *HANGING))
+    monkeypatch.setitem(globals(), "SCOPE", "full")
+    assert not narrowed_to_its_catch("broken_ring_wrong_slot")
