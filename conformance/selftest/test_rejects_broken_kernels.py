@@ -348,7 +348,10 @@ def catches_of_an_earlier_sweep(path: Path | None) -> tuple[dict[str, str] | Non
         return None, f"{path} is not a sweep's catches ({e})"
     if not isinstance(document, dict) or document.get("tree") != provenance.tree_digest():
         return None, f"{path} was made by other code"
-    return dict(document["catches"]), str(path)
+    catches = document.get("catches")
+    if not isinstance(catches, dict) or not all(m in SUBSET_MESHES for m in catches.values()):
+        return None, f"{path} holds no meshes of the subset: {str(catches)[:200]}"
+    return catches, str(path)
 
 
 def narrowed_to_its_catch(impl: str) -> bool:
@@ -757,6 +760,9 @@ def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_k
     assert stale is None and "other code" in why, why
     absent, why = catches_of_an_earlier_sweep(tmp_path / "absent.json")
     assert absent is None and "does not exist" in why, why
+    path.write_text(json.dumps({"tree": provenance.tree_digest(), "catches": {"x": "9-x-auto"}}))
+    garbled, why = catches_of_an_earlier_sweep(path)
+    assert garbled is None and "no meshes of the subset" in why, why
     selected = " ".join(sweep_selections(builtins=False, catches=catches))
     assert "(broken_ring_wrong_slot and test_values and -5-x-explicit)" in selected, selected
     assert f"({ODD_ROWS} and test_values)" in selected and f"{ODD_ROWS} and test_values and -" not in selected
