@@ -244,7 +244,7 @@ SWEEP_CATCHES = (
 #: defects' every other check), and the hanging ones (:data:`HANGING`), whose run waits beside the two
 #: that compute and whose hang JAX's interpreter may place elsewhere: JAX 0.6.2's deadlocks inside JAX on
 #: the odd ring where a later JAX's kernel hangs there, a host limit that leaves it to another mesh.
-COUNTED = frozenset(
+WHOLE_SUBSET = frozenset(
     {
         *HANGING,
         ODD_ROWS,
@@ -356,7 +356,7 @@ def catches_of_an_earlier_sweep(path: Path | None) -> tuple[dict[str, str] | Non
 
 def narrowed_to_its_catch(impl: str) -> bool:
     """Whether this sweep runs broken kernel ``impl``'s check on its catching mesh alone."""
-    if SCOPE != "versions" or impl in COUNTED:
+    if SCOPE != "versions" or impl in WHOLE_SUBSET:
         return False
     catches, _ = catches_of_an_earlier_sweep(SWEEP_CATCHES)
     return catches is not None and impl in catches
@@ -370,18 +370,18 @@ def _pallas_kernels() -> set[str]:
 
 
 def sweep_selections(*, builtins: bool, catches: dict[str, str] | None = None) -> list[str]:
-    """The ``-k`` expressions of the sweep's runs: each broken kernel only the check meant for it (on
-    the mesh ``catches`` names for it alone, where it names one and the kernel is not :data:`COUNTED`), each
+    """The ``-k`` expressions of the sweep's runs: each broken kernel only the check meant for it (on the mesh
+    ``catches`` names for it alone, where it names one and the kernel is not in :data:`WHOLE_SUBSET`), each
     correct kernel of another style the checks it must pass (and the built-ins every check, where
     ``builtins``), in three runs side by side: the Pallas kernels, the rest, and the kernels that hang
-    (:data:`HANGING`), whose wait for the watchdog costs the run's time and no CPU, so that it passes
-    beside the two that compute rather than after one of them. Each kernel's tests stay in one run, so
-    a hang is waited out once and its later checks are not judged."""
+    (:data:`HANGING`), whose wait for the watchdog costs the run's time and no CPU, so that it passes beside
+    the two that compute rather than after one of them. Each kernel's tests stay in one run, so a hang is
+    waited out once and its later checks are not judged."""
     catches = catches or {}
 
     def where(impl: str) -> str:
         on = f" and {EXPECTED_ON[impl]}" if impl in EXPECTED_ON else ""
-        return on + (f" and -{catches[impl]}" if impl in catches and impl not in COUNTED else "")
+        return on + (f" and -{catches[impl]}" if impl in catches and impl not in WHOLE_SUBSET else "")
 
     clauses: list[tuple[str, str]] = [
         (impl, f"({impl} and {test}{where(impl)})") for impl, test in EXPECTED_REJECTION.items()
@@ -571,7 +571,7 @@ def test_broken_kernel_rejected_by_its_check(suite, verdicts, impl: str, record_
         # on the whole subset no mesh could judge it here; narrowed to its catching mesh, another might
         assert not narrowed_to_its_catch(impl), (
             f"{impl}: {check} ran on its catching mesh alone ({suite[3]}), which this host cannot judge at "
-            f"this JAX ({outcomes[0][1][:300]}): add it to COUNTED, which runs it on the whole subset"
+            f"this JAX ({outcomes[0][1][:300]}): add it to WHOLE_SUBSET, which runs it on the whole subset"
         )
         pytest.skip(f"{impl}: {check}: {outcomes[0][1]}")
     failures = [msg for outcome, msg in outcomes if outcome == "failed"]
