@@ -73,9 +73,13 @@ def validate(
 def per_device(
     body: Callable[..., jax.Array], mesh: jax.sharding.Mesh, axis_name: str, operands
 ) -> jax.Array:
-    """``body(*blocks)`` on each device's blocks of ``operands`` (each sharded along its first dim)."""
+    """``body(*blocks)`` on each device's blocks of ``operands`` (each sharded along its first dim), as
+    one program: under ``jax.jit`` inside a caller's ``jax.jit``, where it is inlined, and compiled once
+    when the layer is called eagerly, where a bare ``shard_map`` body runs op by op (400-odd
+    primitives, each compiled on its own: 17 s a layer on 8 CPU devices, 26 s in a job of two
+    processes)."""
     specs = (P(axis_name),) * len(operands)
-    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(axis_name))(*operands)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(axis_name)))(*operands)
 
 
 def xla_exchange(*operands: jax.Array, axis_name: str, capacity: int) -> jax.Array:
