@@ -2,7 +2,8 @@
 
 This module holds the hooks; beside it, :mod:`~conformance.plugin.command_options` (the options and
 the usage errors a run is refused with), :mod:`~conformance.plugin.kernel_modules` (``--kernels``),
-:mod:`~conformance.plugin.mesh_options` (``--meshes``), :mod:`~conformance.plugin.known_failures`
+:mod:`~conformance.plugin.mesh_options` (``--meshes``), :mod:`~conformance.plugin.mark_expression`
+(the platform values ``-m`` can select), :mod:`~conformance.plugin.known_failures`
 (xfails and skips files), :mod:`~conformance.plugin.xdist_workers` (``-n``),
 :mod:`~conformance.plugin.job_ranks` (one rank of a multi-process job) and
 :mod:`~conformance.plugin.end_of_run` (each outcome into the run log; the tables, summary and
@@ -50,7 +51,8 @@ Each family test module sets ``FAMILY = "<name>"``; tests that take
 ``implementation`` are parametrized over that family's registered
 implementations (the test id contains the name), ``mesh_config`` over the
 standard meshes, and ``platform`` over cpu/gpu/tpu, each value carrying the
-marker of the same name. A platform this host lacks is skipped with a reason,
+marker of the same name; a value the ``-m`` expression cannot select is not built
+(:mod:`~conformance.plugin.mark_expression`). A platform this host lacks is skipped with a reason,
 so ``pytest -m tpu`` on a CPU host skips rather than errors (and says so in its
 summary). Any test may take ``conformance_mesh`` (a ``jax.sharding.Mesh``) or
 ``conformance_mesh_config`` (its :class:`MeshConfig`, for a ``Case``): parametrized over
@@ -81,6 +83,7 @@ from conformance.plugin import (
     job_ranks,
     kernel_modules,
     known_failures,
+    mark_expression,
     mesh_options,
     xdist_workers,
 )
@@ -272,10 +275,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize("shape", FIXED_SHAPES)
     if "dtype" in names:
         metafunc.parametrize("dtype", getattr(specs.get(family), axes.dtypes or "dtypes"))
-    if "platform" in names:
+    if "platform" in names:  # the values -m can select (mark_expression: the rest would be deselected)
+        selectable = mark_expression.selectable_platforms(
+            metafunc.config.getoption("markexpr"),
+            {mark.name for mark in metafunc.definition.iter_markers()},
+            devices_lib.PLATFORMS,
+        )
         metafunc.parametrize(
             "platform",
-            [pytest.param(p, marks=getattr(pytest.mark, p)) for p in devices_lib.PLATFORMS],
+            [pytest.param(p, marks=getattr(pytest.mark, p)) for p in devices_lib.PLATFORMS if selectable(p)],
         )
 
 
@@ -349,7 +357,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not hasattr(getattr(item, "module", None), "FAMILY"):
             return False
         params = getattr(getattr(item, "callspec", None), "params", {})
-        return any(k in params and not isinstance(params[k], str) for k in ("implementation", "dtype"))
+        return any(
+            k in params and not isinstance(params[k], str) for k in ("implementation", "dtype", "platform")
+        )
 
     empty = {id(i): i for i in items if has_empty_parameter(i)}  # pytest's NOTSET placeholder
     if "benchmark" not in (config.getoption("markexpr") or ""):  # timings run only when asked for

@@ -21,7 +21,7 @@ from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
 from conformance.fixtures.meshes import INTERPRETED_MESHES, QUICK_MESHES, STANDARD_MESHES, parse_mesh
-from conformance.plugin import command_options, kernel_modules
+from conformance.plugin import command_options, kernel_modules, mark_expression
 from conformance.selftest import job_command, subprocess_env, suite_command
 from conformance.targets import gpu_compiler, tpu_compiler
 
@@ -502,6 +502,35 @@ def test_a_replay_prints_the_check_and_none_of_the_compilers_start_up_logs(tmp_p
 )
 def test_the_compile_tiers_a_mark_expression_asks_for(markexpr: str | None, tiers: list[str]) -> None:
     assert command_options.tiers_asked_for(markexpr) == tiers
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "own_marks", "built"),
+    [
+        ("cpu", (), ["cpu"]),
+        ("cpu and not tpu_compile", (), ["cpu"]),
+        ("not cpu", (), ["gpu", "tpu"]),
+        ("gpu and not cpu", (), ["gpu"]),
+        ("cpu and gpu", (), []),
+        ("gpu_compile", ("gpu_compile",), ["cpu", "gpu", "tpu"]),
+        ("tpu", ("tpu",), ["cpu", "gpu", "tpu"]),  # a test marked tpu itself: every value carries it
+        # a mark another parameter may add (a mesh's skip, a user's own): tried both ways, never assumed
+        ("cpu or slow", (), ["cpu", "gpu", "tpu"]),
+        ("gpu_compile", (), ["cpu", "gpu", "tpu"]),
+        ("cpu and not skip", (), ["cpu"]),
+        ("not (gpu or slow)", (), ["cpu", "tpu"]),
+        ("", (), ["cpu", "gpu", "tpu"]),
+        (None, (), ["cpu", "gpu", "tpu"]),
+        ("cpu and (", (), ["cpu", "gpu", "tpu"]),  # pytest refuses it itself; nothing is left out here
+    ],
+)
+def test_a_platform_value_is_built_where_the_mark_expression_can_select_it(
+    markexpr: str | None, own_marks: tuple[str, ...], built: list[str]
+) -> None:
+    """-m decides which platform values the family tests build (the others would be deselected): a value
+    is left out only where the expression is false whatever marks the test's other parameters add."""
+    selectable = mark_expression.selectable_platforms(markexpr, own_marks, ("cpu", "gpu", "tpu"))
+    assert [p for p in ("cpu", "gpu", "tpu") if selectable(p)] == built
 
 
 def test_a_compile_tier_asked_for_by_marker_runs_or_is_a_usage_error(tmp_path: Path) -> None:
