@@ -42,6 +42,7 @@ verdict (:func:`conformance.run.run_check`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import faulthandler
 import importlib
@@ -96,6 +97,8 @@ def run_in_worker(check: Check, case: Case, session: session_lib.Session) -> Che
     """Run ``check`` on ``case`` in the session's worker process (started, or restarted after a hang
     or crash, as needed); here if the worker cannot import the kernel's module by name."""
     if session.worker is None or session.worker.proc.poll() is not None:
+        if session.worker is not None:  # it ended itself (a hang, a compile past its bound) or died
+            session.worker.close()
         session.worker = Worker(
             session.settings,
             outcome_dir=session.interpret_outcome_dir,
@@ -203,6 +206,9 @@ class Worker:
         self.reader.join(timeout=5)  # it reads to the end of the stream the exited worker closed
         if not self.reader.is_alive():
             self.proc.stdout.close()
+        if not self.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):  # a request written that the ended worker never read
+                self.proc.stdin.close()
         self.stderr.close()
 
     def check(self, name: str, case: Case, session: session_lib.Session) -> CheckOutcome:
