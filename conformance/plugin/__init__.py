@@ -385,11 +385,12 @@ class _CollectionOutsideTheCycleCollector:
     """Python's cycle collector paused while pytest collects, and the collected tree kept out of its
     later passes.
 
-    The suite's test modules parametrize into 23,000 items (a tenth of them kept by a usual ``-m``), and
-    the collector traverses every one of them on each pass that reaches the oldest generation: during
-    collection, at every such pass of the run, and twice at the end (pytest's unraisable-exception
-    plugin collects "harder" as it unconfigures). That was 2.4 s of the 4.9 s every pytest process of
-    the suite spends before and after its tests (``--collect-only -m cpu``, JAX 0.10.2): each xdist
+    The suite's test modules parametrize into thousands of items (23,119 without ``-m``; 9,087 built and
+    7,565 kept for ``-m cpu``), and the collector traversed every one of them on each pass that reached
+    the oldest generation: during collection, at every such pass of the run, and twice at the end
+    (pytest's unraisable-exception plugin collects "harder" as it unconfigures). That was 2.4 s of the
+    4.9 s every pytest process of the suite spent before and after its tests (``--collect-only -m
+    cpu``, JAX 0.10.2), and more during them (the cpu env's pytest: 124 s -> 86 s): each xdist
     worker, each rank of a job, each run a self-test starts. Here the collector is off while pytest
     collects, then collects once (the cycles collection left behind are freed) and freezes what
     remains (``gc.freeze``), which lives as long as the session anyway. Objects are still freed by
