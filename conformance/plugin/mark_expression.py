@@ -72,8 +72,7 @@ def selectable_platforms(
     names = tuple(platforms)
 
     def selectable(platform: str) -> bool:
-        known = {name: name == platform or name in own for name in names}
-        known.update(dict.fromkeys(own, True))
+        known = {**{name: name == platform for name in names}, **dict.fromkeys(own, True)}
         return can_select(expression, known)
 
     return selectable
