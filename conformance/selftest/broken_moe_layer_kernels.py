@@ -27,6 +27,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_moe_layer_group_sizes_of_its_own_tokens": "test_values",
     "broken_moe_layer_gathers_the_expert_weights": "test_collectives",
     "broken_moe_layer_router_weights_get_no_gradient": "test_gradients",
+    "broken_moe_layer_drops_past_an_undeclared_capacity": "test_values",
     "broken_pallas_moe_layer_matmul_before_the_rows_land": "test_races",
     "broken_pallas_moe_layer_without_the_barrier": "test_barrier_protocol",
 }
@@ -35,6 +36,7 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_moe_layer_group_sizes_of_its_own_tokens": "values differ from the numpy float64 reference",
     "broken_moe_layer_gathers_the_expert_weights": "bytes",
     "broken_moe_layer_router_weights_get_no_gradient": "d_weights",
+    "broken_moe_layer_drops_past_an_undeclared_capacity": "kept its first choices in token order",
     "broken_pallas_moe_layer_without_the_barrier": "before the kernel waits on its barrier semaphore",
 }
 #: The correct fused layer's checks (its races on every routing it meets, its barrier read off it).
@@ -115,6 +117,19 @@ def _router_cut(tokens, expert_ids, weights, placement, w_in, w_out, *, n, axis_
 
 
 _registered("broken_moe_layer_router_weights_get_no_gradient", _router_cut, differentiable=True)
+
+
+def _undeclared_capacity(tokens, expert_ids, weights, placement, w_in, w_out, *, n, axis_name):
+    """MaxText's capacity mask (a factor of 1 within each device's tokens, in token order) before the
+    baseline's layer, registered without ``capacity=``: on a hot routing an expert's later choices are
+    dropped, each of those tokens' rows short of that expert's weighted output."""
+    rule = conformance.ExpertCapacity(1.0)
+    kept = _moe.past_capacity_unrouted(expert_ids, experts=n * placement.shape[-1], capacity=rule)
+    body = functools.partial(layer.layered, n=n, axis_name=axis_name, exchange=_moe.xla_exchange)
+    return body(tokens, kept, weights, placement, w_in, w_out)
+
+
+_registered("broken_moe_layer_drops_past_an_undeclared_capacity", _undeclared_capacity)
 
 
 def _fused(name: str, doc: str, *, dispatch_protocol: pallas_dma.Protocol = pallas_dma.SAFE) -> None:

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import conformance
 from conformance.kernels import _moe
+from conformance.kernels.moe_layer import exchanged as moe_layer
 from conformance.targets import mosaic
 
 EXPECTED_PASS: dict[str, set[str]] = {
@@ -115,6 +116,12 @@ EXPECTED_PASS: dict[str, set[str]] = {
         "test_lowered_bytes",
     },
     "correct_moe_combine_with_declared_capacity": {
+        "test_values",
+        "test_gradients",
+        "test_collectives",
+        "test_lowered_bytes",
+    },
+    "correct_moe_layer_with_declared_capacity": {
         "test_values",
         "test_gradients",
         "test_collectives",
@@ -551,6 +558,29 @@ def correct_moe_combine_with_declared_capacity(
         return _moe.combined(rows, w, kept, hosted, n=n, axis_name=axis_name, exchange=_moe.xla_exchange)
 
     return _moe.per_device(body, mesh, axis_name, (expert_rows, weights, expert_ids, placement))
+
+
+@conformance.register(
+    "moe_layer",
+    name="correct_moe_layer_with_declared_capacity",
+    differentiable=True,
+    capacity=MAXTEXT_CAPACITY,
+    description="MaxText's capacity mask on each device's choices, then the baseline's layer",
+)
+def correct_moe_layer_with_declared_capacity(
+    tokens, expert_ids, weights, placement, w_in, w_out, *, mesh, axis_name
+):
+    name = "correct_moe_layer_with_declared_capacity"
+    n = _moe.validate(name, ("tokens", tokens), expert_ids, placement, mesh, axis_name)
+    moe_layer.validate_weights(name, tokens, placement, w_in, w_out)
+
+    def body(tokens, ids, weights, hosted, w_in, w_out):
+        kept = _moe.past_capacity_unrouted(ids, experts=n * hosted.shape[-1], capacity=MAXTEXT_CAPACITY)
+        return moe_layer.layered(
+            tokens, kept, weights, hosted, w_in, w_out, n=n, axis_name=axis_name, exchange=_moe.xla_exchange
+        )
+
+    return _moe.per_device(body, mesh, axis_name, (tokens, expert_ids, weights, placement, w_in, w_out))
 
 
 @conformance.register(

@@ -185,11 +185,11 @@ def rows_missing(
     if short:
         said = [
             f"expert {e} (on device {d}) received {len(routed) - len(lost)} of {len(routed)} rows, "
-            f"missing token{'s' if len(lost) > 1 else ''} {_spans(lost)}"
+            f"missing token{'s' if len(lost) > 1 else ''} {moe_routing.spans(lost)}"
             for e, d, routed, lost in short
         ]
         listed = "; ".join(said[:4]) + (f"; and {len(said) - 4} more experts" if len(said) > 4 else "")
-        kept = _kept_first([(routed, lost) for _, _, routed, lost in short], t_per)
+        kept = moe_routing.kept_first([(routed, lost) for _, _, routed, lost in short], t_per)
         if kept is None or over:
             lines.append(f"rows missing   : {listed}")
         else:
@@ -202,7 +202,7 @@ def rows_missing(
     if over:
         said = [
             f"device {d} holds {count} row{'s' if count > 1 else ''} of token{'s' if len(ts) > 1 else ''} "
-            f"{_spans(ts)} beyond the copies routed to its experts"
+            f"{moe_routing.spans(ts)} beyond the copies routed to its experts"
             for d, ts, count in over
         ]
         lines.append(
@@ -239,36 +239,6 @@ def _aligned(expected: list[int], copies: list[set[int]]) -> list[tuple[int, int
         else:
             j += 1
     return matched
-
-
-def _kept_first(experts: list[tuple[list[int], list[int]]], t_per: int) -> str | None:
-    """How each expert's rows kept are the first of its rows (``routed``, ``lost``) in token order:
-    ``"overall"``, ``"within each sender's tokens"``; ``None`` where they are not."""
-
-    def first(kept: list[int], lost: list[int]) -> bool:
-        """A capacity keeps at least one row of a group that routes any (its room is at least 1)."""
-        return not lost or (bool(kept) and max(kept) < min(lost))
-
-    def split(tokens: list[int], s: int) -> list[int]:
-        return [t for t in tokens if t // t_per == s]
-
-    kept = [([t for t in routed if t not in lost], lost) for routed, lost in experts]
-    if all(first(k, lost) for k, lost in kept):
-        return "(overall)"
-    if all(first(split(k, s), split(lost, s)) for k, lost in kept for s in {t // t_per for t in k + lost}):
-        return "(within each sender's tokens)"
-    return None
-
-
-def _spans(tokens: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
-    spans: list[list[int]] = []
-    for t in tokens:
-        if spans and t == spans[-1][1] + 1:
-            spans[-1][1] = t
-        else:
-            spans.append([t, t])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def vjp_reference(tokens, expert_ids, placement, ct):

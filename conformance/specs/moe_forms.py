@@ -1,12 +1,13 @@
 """The forms a MoE kernel may declare beside the families' own (:mod:`~conformance.specs.moe_dispatch`,
-:mod:`~conformance.specs.moe_combine`), each a registration option of both:
+:mod:`~conformance.specs.moe_combine`, :mod:`~conformance.specs.moe_layer`):
 
-* ``capacity``: a rule for dropping tokens past an expert capacity
+* ``capacity``, of all three: a rule for dropping tokens past an expert capacity
   (:class:`~conformance.specs.moe_routing.ExpertCapacity`); every reference on the routing with the
   dropped choices routed nowhere;
-* ``group_alignment``: each expert's group of rows starting at a multiple of that many rows, the rows
-  between zero (a grouped matmul's tiles: 8 rows a sublane tile, 128 an MXU's); every reference in the
-  packed layout, its rows then moved to their aligned places.
+* ``group_alignment``, of a dispatch and a combine: each expert's group of rows starting at a multiple
+  of that many rows, the rows between zero (a grouped matmul's tiles: 8 rows a sublane tile, 128 an
+  MXU's); every reference in the packed layout, its rows then moved to their aligned places. A whole
+  layer's groups never show in its result, so it has nothing to declare.
 
 Each derives the family's spec (:attr:`conformance.specs.base.RegistrationOption.derive`), with a
 :class:`~conformance.specs.base.FormChange` onto the family's own form, in which the baseline runs.

@@ -32,6 +32,11 @@ chain (an expert weight's gradient a sum over the rows its expert received, at m
 Bytes: the rows out and back, as a dispatch and a combine move them, twice that in the backward pass;
 the experts' weights never move (a kernel that gathers them in place of the tokens moves ``n`` times
 the expert weights and fails the bound). The float dtypes only.
+
+A layer that drops tokens past an expert capacity declares its rule, ``capacity=`` as a dispatch does
+(:mod:`~conformance.specs.moe_forms`): the reference then routes the dropped choices nowhere, so that
+a dropped choice adds nothing to its token's row. One that drops without declaring it fails values
+with each short expert named and the capacity's pattern said (:func:`choices_missing`).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from conformance import dtypes, tolerances
-from conformance.specs import moe_routing
+from conformance.specs import moe_forms, moe_routing
 from conformance.specs.base import Dims, FamilySpec, KnownMistake, Operand
 
 #: The largest slope of silu (at h = 2.4) and of its derivative (at h = 0), what carries an error through.
@@ -187,6 +192,59 @@ KNOWN_MISTAKES = (
 )
 
 
+def choices_missing(
+    tokens, expert_ids, weights, placement, w_in, w_out, got, tol, *, axis_size: int, **_
+) -> list[str]:
+    """Each token whose result is the reference's less some of its choices' weighted expert outputs (the
+    fewest that account for it within ``tol``), grouped by the experts that lost them, and whether every
+    such expert kept the first of its rows in token order, as a capacity drops them; ``[]`` where some
+    wrong token is not short of whole choices (a wrong row, a wrong weight: another defect)."""
+    *_, z = _forward(tokens, expert_ids, placement, w_in, w_out)
+    share = weights[..., None] * z  # [n*T, k, H]: what each choice adds to its token's row
+    want = np.einsum("tkh->th", share)
+    bound = np.broadcast_to(np.asarray(tol, dtype=np.float64), want.shape)
+    ids = expert_ids.astype(np.int64)
+    lost_by_expert: dict[int, list[int]] = {}
+    for t in np.nonzero((np.abs(got - want) > bound).any(axis=1))[0]:
+        routed = [j for j in range(ids.shape[1]) if ids[t, j] != moe_routing.UNROUTED]
+        subsets = sorted(
+            (tuple(j for b, j in enumerate(routed) if mask >> b & 1) for mask in range(1, 1 << len(routed))),
+            key=len,
+        )
+        fits = next(
+            (s for s in subsets if np.all(np.abs(got[t] - want[t] + share[t, list(s)].sum(0)) <= bound[t])),
+            None,
+        )
+        if fits is None:
+            return []
+        for j in fits:
+            lost_by_expert.setdefault(int(ids[t, j]), []).append(int(t))
+    if not lost_by_expert:
+        return []
+    owner = moe_routing.owners(placement)
+    experts = []
+    for e, lost in sorted(lost_by_expert.items()):
+        routed_to_e = sorted(set(np.nonzero(ids == e)[0].tolist()))
+        experts.append((e, routed_to_e, sorted(lost)))
+    said = [
+        f"expert {e} (on device {owner[e]}) lost {len(lost)} of the {len(routed)} choices routed to it, of "
+        f"token{'s' if len(lost) > 1 else ''} {moe_routing.spans(lost)}"
+        for e, routed, lost in experts
+    ]
+    listed = "; ".join(said[:4]) + (f"; and {len(said) - 4} more experts" if len(said) > 4 else "")
+    kept = moe_routing.kept_first(
+        [(routed, lost) for _, routed, lost in experts], tokens.shape[0] // axis_size
+    )
+    if kept is None:
+        return [f"choices missing: each wrong token's row lacks whole choices' expert outputs: {listed}"]
+    return [
+        f"choices missing: every short expert kept its first choices in token order {kept} and lost the "
+        f"rest, as dropping past an expert capacity does: {listed}",
+        "               : a kernel that drops declares its rule, conformance.register(..., capacity="
+        "conformance.ExpertCapacity(factor, group=, order=)), and the reference drops the same choices",
+    ]
+
+
 def vjp_reference(tokens, expert_ids, weights, placement, w_in, w_out, ct):
     """The gradients of ``tokens``, ``weights``, ``w_in`` and ``w_out`` (an expert weight's: the sum over
     the rows its expert received)."""
@@ -258,8 +316,12 @@ def _bad_inputs(n: int):
 
 
 def _least(d: Dims, n: int, itemsize: int) -> int:
-    out, back = (moe_routing.most_received(d, n, back=b) for b in (False, True))
-    return max(out, back) * d["hidden"] * itemsize
+    return _least_rows(moe_routing.expert_ids(d, n), moe_routing.placement(d, n)) * d["hidden"] * itemsize
+
+
+def _least_rows(ids: np.ndarray, where: np.ndarray) -> int:
+    """The most rows one device receives on either trip of the routing ``ids`` and placement ``where``."""
+    return max(moe_routing.most_received_of(ids, where, back=back) for back in (False, True))
 
 
 def _most(d: Dims, n: int, itemsize: int) -> int:
@@ -306,6 +368,7 @@ MOE_LAYER = FamilySpec(
     backward_byte_bound_text="the forward's two trips again and the cotangents' two: four times a "
     "trip's bound, " + moe_routing.PADDED_EXCHANGE_TEXT,
     known_mistakes=KNOWN_MISTAKES,
+    explain_wrong=choices_missing,
     accuracy_dtypes=("bfloat16", "float16"),
     accuracy_dims={**TPU_NATIVE_DIMS, "tokens_per_shard": 8, "hidden": 64, "ffn": 64},
     accuracy_baseline_does="moves the rows exactly (data movement), accumulates each expert matmul in "
@@ -315,6 +378,9 @@ MOE_LAYER = FamilySpec(
     "preferred_element_type=jnp.float32)), round to the dtype once per matmul, and sum a token's weighted "
     "rows in float32",
     bench_dims=lambda rows: {**moe_routing.bench_dims(rows), "ffn": 128},
+    # group_alignment is not an option here: where a layer's groups start is its own, invisible in its
+    # result (each token's row), so nothing is held to it
+    registration_options={"capacity": moe_forms.capacity_option(least_received=_least_rows)},
 )
 
 #: This module's family (:mod:`conformance.specs` collects it).

@@ -273,6 +273,36 @@ def bad_inputs(first: str, n: int, *, shapes) -> tuple[BadInput, ...]:
     return (divisibility if n > 1 else ()) + unknown_axis
 
 
+def kept_first(experts: list[tuple[list[int], list[int]]], t_per: int) -> str | None:
+    """How each expert's rows kept are the first of its rows (``routed``, ``lost``) in token order:
+    ``"overall"``, ``"within each sender's tokens"``; ``None`` where they are not."""
+
+    def first(kept: list[int], lost: list[int]) -> bool:
+        """A capacity keeps at least one row of a group that routes any (its room is at least 1)."""
+        return not lost or (bool(kept) and max(kept) < min(lost))
+
+    def split(tokens: list[int], s: int) -> list[int]:
+        return [t for t in tokens if t // t_per == s]
+
+    kept = [([t for t in routed if t not in lost], lost) for routed, lost in experts]
+    if all(first(k, lost) for k, lost in kept):
+        return "(overall)"
+    if all(first(split(k, s), split(lost, s)) for k, lost in kept for s in {t // t_per for t in k + lost}):
+        return "(within each sender's tokens)"
+    return None
+
+
+def spans(tokens: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    spans: list[list[int]] = []
+    for t in tokens:
+        if spans and t == spans[-1][1] + 1:
+            spans[-1][1] = t
+        else:
+            spans.append([t, t])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
 #: :attr:`ExpertCapacity.group`'s values: whose tokens compete for an expert's room.
 CAPACITY_GROUPS = ("device", "all")
 #: :attr:`ExpertCapacity.order`'s values: which of them an expert keeps.
