@@ -230,8 +230,9 @@ def test_tpu_layout(family: str, implementation: str, dtype: str, conformance_se
 def test_tpu_schedule(
     family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
 ) -> None:
-    """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's
-    ladder (bfloat16): every transfer but one per ring direction has a matmul scheduled inside it."""
+    """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's ladder
+    (bfloat16, else the float the kernel claims): every transfer but one per ring direction has a matmul
+    scheduled inside it."""
     cases = claimed_tpu_cases(
         family, implementation, mesh_config, registry.spec_of(family, implementation).schedule_ladder
     )
@@ -247,8 +248,9 @@ def test_tpu_schedule(
 def test_tpu_memory(
     family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
 ) -> None:
-    """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's
-    ladder (bfloat16): peak memory per chip within a stated ratio of the baseline's."""
+    """Compiled by the real TPU compiler for a v5e and a v6e slice at each size of the family's ladder
+    (bfloat16, else the float the kernel claims): peak memory per chip within a stated ratio of the
+    baseline's."""
     cases = claimed_tpu_cases(
         family, implementation, mesh_config, tpu_memory.memory_dims(family, implementation)
     )
@@ -264,8 +266,9 @@ def test_tpu_memory(
 def test_tpu_pod(
     family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
 ) -> None:
-    """Compiled by the real TPU compiler for a whole v5e slice of 64 and of 256 chips at the family's
-    TPU-native dims (bfloat16), or refused by the kernel naming its limit."""
+    """Compiled by the real TPU compiler for a whole v5e slice of 64 and of 256 chips at the family's TPU-
+    native dims (bfloat16, else the float the kernel claims), or refused by the kernel naming its
+    limit."""
     cases = claimed_tpu_cases(
         family, implementation, mesh_config, [registry.spec_of(family, implementation).tpu_native_dims or {}]
     )
@@ -278,8 +281,8 @@ def test_tpu_pod(
 def test_gpu_schedule(
     family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
 ) -> None:
-    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): every
-    transfer but one per ring direction has a matmul scheduled inside it."""
+    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16, else the
+    float the kernel claims): every transfer but one per ring direction has a matmul scheduled inside it."""
     sizes = registry.spec_of(family, implementation).schedule_ladder
     cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
     run_gathered(checks.CHECKS["gpu_schedule"], cases, conformance_session, what="sizes")
@@ -293,8 +296,8 @@ def test_gpu_schedule(
 def test_gpu_memory(
     family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
 ) -> None:
-    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): peak
-    memory per GPU within a stated ratio of the baseline's."""
+    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16, else the
+    float the kernel claims): peak memory per GPU within a stated ratio of the baseline's."""
     sizes = tpu_memory.memory_dims(family, implementation)
     cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
     run_gathered(checks.CHECKS["gpu_memory"], cases, conformance_session, what="sizes")
@@ -308,11 +311,18 @@ def test_gpu_memory(
 def test_gpu_bytes(
     family: str, implementation: str, mesh_config: MeshConfig, conformance_session: Session
 ) -> None:
-    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16): the
-    forward and backward passes use only the family's collectives, within its byte bound."""
+    """Compiled by XLA:GPU for 8 and 16 H100s at each size of the family's ladder (bfloat16, else the
+    float the kernel claims): the forward and backward passes use only the family's collectives, within
+    its byte bound."""
     sizes = tpu_memory.memory_dims(family, implementation)
     cases = claimed_tpu_cases(family, implementation, mesh_config, sizes, platform="gpu")
     run_gathered(checks.CHECKS["gpu_bytes"], cases, conformance_session, what="sizes")
+
+
+#: The dtypes a compile tier's size is compiled at, the first the kernel claims: bfloat16, what these
+#: kernels ship in; a kernel that claims no bfloat16 is compiled in its widest float it claims, so that
+#: a float32-only kernel meets memory, pod scale and the schedule as every other does.
+COMPILE_TIER_DTYPES = ("bfloat16", "float32", "float16")
 
 
 def claimed_tpu_cases(
@@ -323,17 +333,22 @@ def claimed_tpu_cases(
     *,
     platform: str = "tpu",
 ) -> list[Case]:
-    """The bfloat16 cases at ``sizes`` that ``implementation`` claims for ``platform`` (TPU, or GPU
-    for the GPU compile tier); not claimed (a skip naming why) if it claims none."""
+    """The cases at ``sizes`` that ``implementation`` claims for ``platform`` (TPU, or GPU for the GPU
+    compile tier), each in the first of :data:`COMPILE_TIER_DTYPES` it claims there; not claimed (a
+    skip naming why, the bfloat16 case's) if it claims none."""
     cases, not_claimed = [], []
     for dims in sizes:
-        why = claims.reason(
-            family, implementation, platform=platform, mesh=mesh, dims=dict(dims), dtype="bfloat16"
-        )
-        if why is None:
-            cases.append(Case.make(family, implementation, mesh, dict(dims), "bfloat16"))
+        reasons = {
+            dtype: claims.reason(
+                family, implementation, platform=platform, mesh=mesh, dims=dict(dims), dtype=dtype
+            )
+            for dtype in COMPILE_TIER_DTYPES
+        }
+        claimed = [dtype for dtype, why in reasons.items() if why is None]
+        if claimed:
+            cases.append(Case.make(family, implementation, mesh, dict(dims), claimed[0]))
         else:
-            not_claimed.append(why)
+            not_claimed.append(reasons["bfloat16"])
     if not cases:
         raise claims.NotClaimed(implementation, f"none of the {len(sizes)} sizes: {not_claimed[0]}")
     return cases

@@ -61,6 +61,8 @@ class TpuMemoryRecord:
     compilers_own: bool = False
     #: The flags of the compile (:func:`conformance.targets.target_compiles.flags_in_effect`).
     flags: str = "compiler defaults"
+    #: The dtype it was compiled at (bfloat16, else the float the kernel claims).
+    dtype: str = "bfloat16"
 
     @property
     def ratio(self) -> float | None:
@@ -151,6 +153,7 @@ def _judge(
         compiler_peak=getattr(own_stats, "peak_memory_in_bytes", None),
         compilers_own=case.implementation.compilers_own,
         flags=getattr(compiled, "flags", "compiler defaults"),
+        dtype=case.dtype,
     )
     records.append(made)
     if made.baseline:
@@ -206,7 +209,8 @@ def memory_table(records: list[Any], name: str, *, device: str) -> list[tuple[st
             if getattr(r, "compiler_ratio", None) is not None:
                 ratios.append(f"{r.compiler_ratio:.2f}x the compiler's own")
             ratio = f" ({', '.join(ratios)})" if ratios else ""
-            out.append(f"#{number[(r.family, r.dims)]}: {peak}{ratio}, code {_mib(r.code)}")
+            dtype = "" if r.dtype == "bfloat16" else f" in {r.dtype}"
+            out.append(f"#{number[(r.family, r.dims)]}{dtype}: {peak}{ratio}, code {_mib(r.code)}")
         return "  |  ".join(out)
 
     return [(title, [*legend, *topology_rows(records, cells, baseline_note="shard_map baseline")])]

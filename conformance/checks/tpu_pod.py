@@ -2,7 +2,8 @@
 
 No CPU host simulates 256 devices, and the other checks run rings of at most 16. The real TPU
 compiler (libtpu, :mod:`conformance.targets.tpu_compiler`) compiles for a whole v5e slice of 64 (``8x8``) and
-256 (``16x16``) chips on any host, at the family's TPU-native dims in bfloat16. A kernel passes when
+256 (``16x16``) chips on any host, at the family's TPU-native dims in bfloat16 (in float32 or float16
+where the kernel claims no bfloat16, and the table says which). A kernel passes when
 the compiler compiles it, or when the kernel itself refuses the ring before any compiler sees it,
 naming the limit (a :class:`~conformance.targets.mosaic.TpuConstraintError` raised while tracing, as
 :func:`conformance.refuse_on_tpu` raises). Anything else that stops the compile (a
@@ -43,6 +44,8 @@ class TpuPodRecord:
     refusal: str | None  #: the kernel's own refusal, naming its limit
     baseline: bool
     judge: str
+    #: The dtype it was compiled at (bfloat16, else the float the kernel claims).
+    dtype: str = "bfloat16"
 
 
 def check_tpu_pod(case: Case) -> TpuPodRecord:
@@ -69,6 +72,7 @@ def check_tpu_pod(case: Case) -> TpuPodRecord:
             refusal,
             case.implementation.baseline,
             tpu_compiler.judge(topology),
+            case.dtype,
         )
         records.append(made)
         return made
@@ -131,7 +135,9 @@ def tpu_pod_table(records: list[Any]) -> list[tuple[str, list[str]]]:
                 cells.append(f"{r.chips} chips: refused by the kernel ({r.refusal[:80]})")
             else:
                 cells.append(f"{r.chips} chips: REFUSED by the compiler")
-        lines.append(f"{family:<21} {impl:<{width}}  " + "  |  ".join(cells))
+        dtypes = sorted({r.dtype for r in recs} - {"bfloat16"})
+        said = f"  (in {', '.join(dtypes)})" if dtypes else ""
+        lines.append(f"{family:<21} {impl:<{width}}  " + "  |  ".join(cells) + said)
     lines.append(judges_line(records))
     return [("TPU pod scale: compiled for whole v5e slices by the real TPU compiler", lines)]
 

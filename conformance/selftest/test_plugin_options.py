@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import claims, registry
+from conformance import claims, family_tests, registry
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_MESHES
@@ -141,6 +141,22 @@ def test_shapes_move_to_the_nearest_claimed_ones(scratch_registry) -> None:
         "all_gather", "claims_rows_of_8", mesh=mesh, dims={"rows_per_shard": 3, "cols": 1}, **at
     )
     assert why == "rows_per_shard=3 is not a multiple of 8", why
+
+
+def test_a_compile_tier_compiles_a_kernel_in_a_float_it_claims(scratch_registry) -> None:
+    """Memory, pod scale and the schedule compile bfloat16 where the kernel claims it, else the first
+    float it claims: a float32-only kernel is judged too; one that claims no float is not claimed,
+    saying why at bfloat16."""
+    fn = lambda x, *, mesh, axis_name: x
+    registry.register("all_gather", name="claims_float32_only", dtypes=("float32",))(fn)
+    registry.register("all_gather", name="claims_int32_only", dtypes=("int32",))(fn)
+    pod, sizes = parse_mesh("64-x-explicit"), [{"rows_per_shard": 32, "cols": 128}]
+    cases = family_tests.claimed_tpu_cases("all_gather", "claims_float32_only", pod, sizes)
+    assert [c.dtype for c in cases] == ["float32"], cases
+    cases = family_tests.claimed_tpu_cases("all_gather", "xla_all_gather", pod, sizes)
+    assert [c.dtype for c in cases] == ["bfloat16"], cases
+    with pytest.raises(claims.NotClaimed, match="bfloat16"):
+        family_tests.claimed_tpu_cases("all_gather", "claims_int32_only", pod, sizes)
 
 
 def test_known_failures_are_strict_and_stale_lines_are_reported(tmp_path: Path) -> None:
