@@ -176,6 +176,10 @@ class Axes:
     variants_on: str = "covering"
     #: A Pallas TPU kernel's named set instead of :attr:`meshes` (interpreted on CPU at 1-3 s a case).
     interpreted_meshes: str | None = None
+    #: Where :attr:`meshes` are a check's own and a kernel claims none of them (its ``supports=`` refuses
+    #: their shape at the odd fixed shape: a kernel of one mesh axis, a 2-D mesh), the first of these it
+    #: claims instead, so that the check still meets it.
+    fallback_meshes: tuple[str, ...] = ()
     #: The shortest ring the check judges: a check of transfers has none to judge on a ring of one,
     #: so its test is not parametrized there.
     min_ring: int = 1
@@ -197,7 +201,16 @@ class Axes:
             raise ValueError(f"Axes.implementations: {sorted(unknown)} not in {IMPLEMENTATION_PREDICATES}")
 
     def meshes_for(self, implementation: Any) -> str | tuple[str, ...]:
-        """The meshes :attr:`meshes` names, or :attr:`interpreted_meshes` for a Pallas kernel."""
+        """The meshes :attr:`meshes` names, or :attr:`interpreted_meshes` for a Pallas kernel, or the
+        first of :attr:`fallback_meshes` it claims where it claims none of its own."""
+        own = self.meshes
+        if (
+            self.fallback_meshes
+            and isinstance(own, tuple)
+            and implementation is not None
+            and not any(_claims_mesh(implementation, label) for label in own)
+        ):
+            return next(((m,) for m in self.fallback_meshes if _claims_mesh(implementation, m)), own)
         return (getattr(implementation, "pallas", False) and self.interpreted_meshes) or self.meshes
 
     def selects(self, implementation: Any) -> bool:
@@ -208,6 +221,25 @@ class Axes:
             else getattr(implementation, p)
             for p in self.implementations
         )
+
+
+def _claims_mesh(implementation: Any, label: str) -> bool:
+    """Whether ``implementation`` (a registry record) claims the mesh ``label`` at the family's odd
+    fixed shape in float32, on the CPU where it runs there (else the first platform it declares)."""
+    from conformance import claims, strategies
+    from fixtures.meshes import parse_mesh
+
+    declared = implementation.platforms
+    platform = "cpu" if declared is None or "cpu" in declared else declared[0]
+    try:
+        strategies.fixed_dims(
+            implementation.family, implementation.name, platform, parse_mesh(label), "float32", "odd"
+        )
+    except claims.NotClaimed:
+        return False
+    except Exception:  # a declaration that raises: the check's own test says so, on its own meshes
+        return True
+    return True
 
 
 #: What a check's failure means, in the order a kernel author should look at them: the kernel gives a

@@ -260,7 +260,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if axes.families_with and not getattr(specs.get(family), axes.families_with):
             impls = []  # deselected: the family has nothing this test judges
         impls = [i for i in impls if axes.selects(i)]
-        joint = bool("mesh_config" in names and axes.interpreted_meshes and impls)
+        joint = bool("mesh_config" in names and (axes.interpreted_meshes or axes.fallback_meshes) and impls)
         if joint:  # each implementation on its own meshes
             mesh_options.parametrize_meshes(metafunc, axes, implementations=impls)
         else:

@@ -19,7 +19,7 @@ import pytest
 from conformance import claims, family_tests, registry
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
-from conformance.checks.values import EAGER_MESHES
+from conformance.checks.values import EAGER_FALLBACK_MESHES, EAGER_MESHES
 from conformance.fixtures.meshes import INTERPRETED_MESHES, QUICK_MESHES, STANDARD_MESHES, parse_mesh
 from conformance.plugin import command_options, kernel_modules, mark_expression
 from conformance.selftest import job_command, subprocess_env, suite_command
@@ -272,6 +272,34 @@ def test_mesh_cover_parts_the_run_in_two_each_test_in_one(tmp_path: Path) -> Non
     assert any(f"::test_tpu_pod[opt_gather-{POD_MESHES[0]}" in t for t in quick), "a tier's rings: quick"
     done = _pytest(tmp_path, *base, "--mesh-cover=wide")
     assert done.returncode == 4 and "invalid choice: 'wide'" in done.stderr, done.stderr[-2000:]
+
+
+ONE_AXIS_KERNEL = """
+
+def _one_axis(*, dims, dtype, axis_size, mesh_shape):
+    return None if len(mesh_shape) == 1 else "one mesh axis only"
+
+
+@conformance.register("all_gather", name="opt_gather_one_axis", platforms=("cpu",), supports=_one_axis)
+def opt_gather_one_axis(x, *, mesh, axis_name):
+    return opt_gather(x, mesh=mesh, axis_name=axis_name)
+"""
+
+
+def test_eager_meets_a_kernel_of_one_mesh_axis_on_a_ring(tmp_path: Path) -> None:
+    """Eager runs on a 2-D mesh; a kernel whose ``supports=`` refuses every 2-D mesh is called eagerly on
+    the fallback ring instead, and passes there, where it was 'not claimed'."""
+    args = ("-m", "cpu", "--impl=opt_gather*", "-k", "test_eager")
+    kernels = KERNELS + ONE_AXIS_KERNEL
+    listed = _pytest(tmp_path, *args, "--collect-only", kernels=kernels)
+    assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-2000:]
+    ids = {line.split("::", 1)[1] for line in listed.stdout.splitlines() if "::test_eager[" in line}
+    assert ids == {
+        f"test_eager[opt_gather-{EAGER_MESHES[0]}-cpu]",
+        f"test_eager[opt_gather_one_axis-{EAGER_FALLBACK_MESHES[0]}-cpu]",
+    }, listed.stdout[-3000:]
+    done = _pytest(tmp_path, *args, kernels=kernels)
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_a_pallas_kernel_draws_its_values_on_the_interpreted_meshes(tmp_path: Path) -> None:
