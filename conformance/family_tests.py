@@ -17,9 +17,12 @@ run. A defect that needs an odd shape then fails the odd half only, and the run'
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
 
+import hypothesis.errors
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -52,6 +55,70 @@ class CheckFailed(pytest.fail.Exception):
     def __init__(self, failure: checks.ConformanceFailure, message: str | None = None) -> None:
         super().__init__(str(failure) if message is None else message, pytrace=False)
         self.failure = failure
+
+
+def judged_if_flaky(test: Callable[..., None]) -> Callable[..., None]:
+    """``test`` (a hypothesis test), whose result varying on one drawn case is a verdict of its own:
+    hypothesis replays a failing case before it reports it, and a kernel that then passes, or fails
+    otherwise, raises ``hypothesis.errors.Flaky``, which named no check's failure. It fails instead as
+    :func:`nondeterministic`, the first run's failure quoted."""
+
+    @functools.wraps(test)
+    def judged(*args: object, **kwargs: object) -> None:
+        try:
+            test(*args, **kwargs)
+        except hypothesis.errors.Flaky as flaky:
+            first = _failure_inside(flaky)
+            if first is None or first.case is None:
+                raise
+            raise CheckFailed(nondeterministic(first, flaky)) from None
+
+    return judged
+
+
+def _failure_inside(error: BaseException) -> checks.ConformanceFailure | None:
+    """The first check failure inside ``error`` (hypothesis groups them, and wraps pytest's outcomes,
+    which are BaseExceptions, in exceptions of its own whose cause is the outcome)."""
+    stack, seen = [error], set()
+    while stack:
+        e = stack.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, checks.ConformanceFailure):
+            return e
+        stack += [getattr(e, "failure", None), *getattr(e, "exceptions", ()), e.__cause__, e.__context__]
+    return None
+
+
+def nondeterministic(first: checks.ConformanceFailure, flaky: BaseException) -> checks.ConformanceFailure:
+    """The failure of a kernel whose result varies on one case: the first run's verdict and what it
+    found wrong, and what hypothesis saw when it ran the same case again."""
+    said = re.search(r"unreliable results: ([^\n(]*[^\n( ])", str(flaky))
+    rerun = said.group(1) if said else "the same case did not fail the same way"
+    header = {line.strip() for line in first.case.describe()}
+    kept, in_block_map = [], False
+    for line in str(first).splitlines()[1:]:
+        stripped = line.strip()
+        in_block_map = stripped.startswith("block map") or (in_block_map and line.startswith("    "))
+        if stripped in header or stripped.startswith("replay") or in_block_map:
+            continue  # the header is this failure's too; a block map is of another run
+        kept.append(f"  {stripped}")
+    failure = checks.fail(
+        first.case,
+        first.check,
+        "nondeterministic on the same case: a failing case did not fail the same way when run again",
+        [
+            f"first run      : {first.what}",
+            *kept,
+            f"run again      : {rerun} (hypothesis ran the same drawn case again before reporting it)",
+            "what varies    : what a run reads differs between two runs of one program: a race between "
+            "transfers, a buffer read before it is written, a host callback, an accumulation in arrival "
+            "order",
+        ],
+    )
+    failure.why = f"the first run: {first.what}; run again: {rerun.lower()}"
+    return failure
 
 
 def run(check: checks.Check, case: Case, session: Session) -> None:
@@ -191,7 +258,7 @@ def test_for(check: Check) -> Callable[..., None]:
         return_annotation=None,
     )
     if drawn:
-        test = PER_MESH(given(data=st.data())(test))
+        test = judged_if_flaky(PER_MESH(given(data=st.data())(test)))
     test = pytest.mark.conformance_axes(axes)(test)
     if check.compile_tier == "tpu_compile":  # as the tier's own tests below: a TPU VM's -m tpu runs it too
         test = pytest.mark.tpu_compile(pytest.mark.tpu(test))

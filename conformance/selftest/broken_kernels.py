@@ -40,6 +40,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_backward_rounds_partial_sums_each_hop": "test_backward_accuracy",
     "broken_backward_gathers_lhs_as_float32": "test_lowered_bytes",
     "broken_eager_path_rotates_rows": "test_eager",
+    "broken_wrong_on_first_sight": "test_values",
 }
 #: broken implementation -> a phrase its failure message must contain
 EXPECTED_MESSAGE: dict[str, str] = {
@@ -51,6 +52,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     # TPU module stays within the bound) lowered for CUDA
     "broken_backward_gathers_lhs_as_float32": "the backward pass lowered for",
     "broken_eager_path_rotates_rows": "outside jax.jit",
+    # hypothesis runs a failing case again before it reports it, and this kernel then passes
+    "broken_wrong_on_first_sight": "nondeterministic on the same case",
     # which block landed where, on source-tagged inputs (conformance.checks.block_map)
     "broken_ring_wrong_slot": "(expected device ",
     "broken_ring_drops_position_zeros_block": "ring position 0's block",
@@ -200,6 +203,34 @@ def broken_nondeterministic(lhs, rhs, *, mesh, axis_name):
     if jnp.issubdtype(out.dtype, jnp.floating):
         return jnp.where(parity == 1, jnp.nextafter(out, jnp.array(jnp.inf, out.dtype)), out)
     return out + parity
+
+
+_inputs_seen: set[tuple] = set()
+
+
+def _first_sight(total: np.ndarray, *, where: tuple) -> np.int32:
+    key = (float(total), *where)
+    seen = key in _inputs_seen
+    _inputs_seen.add(key)
+    return np.int32(not seen)
+
+
+@conformance.register("allgather_matmul", name="broken_wrong_on_first_sight")
+def broken_wrong_on_first_sight(lhs, rhs, *, mesh, axis_name):
+    """Negated (less one) the first time it meets an input, right every later time: a result that varies
+    between runs of one case (as a race or a buffer read before it is written makes it), made
+    deterministic by keying on the input's sum, so that the values check's verdict is the same on every
+    run: it fails, and passes when hypothesis runs the same case again."""
+    validate("broken_wrong_on_first_sight", lhs, rhs, mesh, axis_name)
+    out = _ring(lhs, rhs, mesh=mesh, axis_name=axis_name)
+    where = (lhs.shape, rhs.shape, axis_name, tuple(d.id for d in mesh.devices.flat))
+    first = io_callback(
+        functools.partial(_first_sight, where=where),
+        jax.ShapeDtypeStruct((), jnp.int32),
+        jnp.sum(lhs.astype(jnp.float32)),
+        ordered=True,
+    )
+    return jnp.where(first == 1, -out - 1, out)
 
 
 @conformance.register("allgather_matmul", name="broken_backward_allreduce_then_slice", differentiable=True)
