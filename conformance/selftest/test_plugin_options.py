@@ -274,6 +274,15 @@ def test_mesh_cover_parts_the_run_in_two_each_test_in_one(tmp_path: Path) -> Non
     assert done.returncode == 4 and "invalid choice: 'wide'" in done.stderr, done.stderr[-2000:]
 
 
+def test_a_run_leaves_the_working_directory_as_it_found_it(tmp_path: Path) -> None:
+    """No ``.hypothesis`` (hypothesis' cache of local modules' constants) and no ``.benchmarks``
+    (pytest-benchmark's storage, made at start) in the directory the suite ran in."""
+    done = _pytest(tmp_path, "-m", "cpu", "--impl=opt_gather", "-k", "test_values and 5-x")
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["opt_kernels.py"], left
+
+
 ONE_AXIS_KERNEL = """
 
 def _one_axis(*, dims, dtype, axis_size, mesh_shape):
