@@ -44,6 +44,12 @@ def _dims_text(dims: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.items())
 
 
+def _token_dims(token: str | None) -> str | None:
+    """The dims of a case token (``MESH:DIM=V,...:DTYPE:seed=S``) as :func:`_dims_text` writes them."""
+    parts = (token or "").split(":")
+    return parts[1].replace(",", ", ") if len(parts) >= 4 else None
+
+
 def _shape_line(family: str, impl: str, outcomes: list[results.Outcome]) -> list[str]:
     fixed = [v for v in outcomes if v.shape in FIXED_SHAPES]
     if not fixed:
@@ -53,9 +59,14 @@ def _shape_line(family: str, impl: str, outcomes: list[results.Outcome]) -> list
         ran = [v for v in fixed if v.shape == shape]
         failed[shape] = sum(v.outcome == "failed" for v in ran)
         if ran:
-            parts.append(
-                f"{shape} ({_dims_text(spec.fixed_dims(shape))}) {failed[shape]} of {len(ran)} failed"
+            family_dims = _dims_text(spec.fixed_dims(shape))
+            run_dims = sorted({d for v in ran if (d := _token_dims(v.case)) is not None} - {family_dims})
+            dims = (
+                f"{' or '.join(run_dims)}: the family's {family_dims}, moved to what the kernel claims"
+                if run_dims
+                else family_dims
             )
+            parts.append(f"{shape} ({dims}) {failed[shape]} of {len(ran)} failed")
     line = "  fixed shapes: " + "; ".join(parts)
     ran_both = all(any(v.shape == s for v in fixed) for s in FIXED_SHAPES)
     if ran_both and failed["odd"] and not failed["even"]:
@@ -84,7 +95,10 @@ def _ring_hint(failing: set, passing: set) -> str:
     if failing == {1}:
         return "only the ring of one fails: a shortcut for one device"
     if 1 in passing and 1 not in failing and passing == {1}:
-        return "every ring longer than one fails"
+        unrun = sorted(set(range(2, max(failing))) - failing)
+        return "every ring longer than one that ran fails" + (
+            f" (rings of {', '.join(map(str, unrun))} did not run)" if unrun else ""
+        )
     if all(not power_of_two(n) for n in failing) and all(power_of_two(n) for n in passing):
         return (
             "every failing ring length is no power of two: a position wrapped with a bit mask, or a "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -373,3 +374,29 @@ def test_a_cause_says_why_in_the_summary_and_the_page() -> None:
     summary = page[page.index('<details class="cause"><summary>') :]
     summary = summary[: summary.index("</summary>")]
     assert "why: out rows 3:6 on device 0 holds device 3&#x27;s block" in summary, summary
+
+
+def test_a_ring_hint_claims_only_the_rings_that_ran() -> None:
+    """Failing on the rings of 5 and 8 and passing on the ring of one says so of the rings that ran, and
+    names the lengths between that did not run (the ring of 2 may well pass)."""
+    verdicts = [
+        _outcome("values", "failed", None, _case(f"{n}-x-auto", 1), WRONG, mesh=f"{n}-x-auto") for n in (5, 8)
+    ]
+    verdicts.append(_outcome("values", "passed", mesh="1-x-explicit"))
+    text = "\n".join(failure_summary.summarize(verdicts))
+    assert "failed on rings of 5, 8 only and passed on rings of 1" in text, text
+    assert "every ring longer than one that ran fails (rings of 2, 3, 4, 6, 7 did not run)" in text, text
+
+
+def test_the_fixed_shape_line_gives_the_dims_that_ran() -> None:
+    """A kernel that claims even rows only runs the odd fixed shape at 4 rows and its twin at 8: the line
+    names those dims, and the family's they were moved from."""
+    verdicts = []
+    for shape, rows in (("odd", 4), ("even", 8)):
+        run = _case("8-x-explicit", rows)
+        failed = _outcome("output_sharding", "failed", shape, run, WRONG)
+        verdicts.append(dataclasses.replace(failed, case=run.token))
+    text = "\n".join(failure_summary.summarize(verdicts))
+    moved = "the family's rows_per_shard={}, cols=128, moved to what the kernel claims"
+    assert f"odd (rows_per_shard=4, cols=128: {moved.format(3)}) 1 of 1 failed" in text, text
+    assert f"even (rows_per_shard=8, cols=128: {moved.format(4)}) 1 of 1 failed" in text, text
