@@ -74,6 +74,22 @@ def ring_shift(pair: tuple[int, int], *, mesh_shape: tuple[int, ...], axis: int)
     return shift - n if shift > n // 2 else shift
 
 
+def _most_received(per_device: dict[int | None, dict[int, Direction]]) -> dict[int | None, Direction]:
+    """Per shift, the device that receives most that way, with its own transfers the other ways
+    (:attr:`Direction.others`), so that a failure compares one device's two directions."""
+    most = {}
+    for shift, devices in per_device.items():
+        device, direction = max(devices.items(), key=lambda item: item[1].received)
+        direction.device = device
+        direction.others = {
+            other: per_device[other][device]
+            for other in per_device
+            if other != shift and device in per_device[other]
+        }
+        most[shift] = direction
+    return most
+
+
 @dataclasses.dataclass
 class Direction:
     """What one device receives per call by one shift along the axis: bytes, and the slack a balanced
@@ -81,6 +97,11 @@ class Direction:
 
     received: int = 0
     slack: int = 0
+    #: Each transfer's bytes, in the order the module (or the interpreter) has them.
+    transfers: list[int] = dataclasses.field(default_factory=list)
+    #: The device (partition id) it is of, and that device's own transfers by the other shifts.
+    device: int = -1
+    others: dict = dataclasses.field(default_factory=dict)
 
 
 def by_direction(
@@ -107,9 +128,8 @@ def by_direction(
             received = op.received_bytes(target) * op.multiplicity
             per_device[shift][target].received += received
             per_device[shift][target].slack += received // min(extents, default=1)
-    return {
-        shift: max(devices.values(), key=lambda d: d.received) for shift, devices in per_device.items()
-    }, lines
+            per_device[shift][target].transfers += [op.received_bytes(target)] * op.multiplicity
+    return _most_received(per_device), lines
 
 
 def interpreted_by_direction(
@@ -125,15 +145,14 @@ def interpreted_by_direction(
         shift = ring_shift((source, target), mesh_shape=mesh_shape, axis=axis)
         per_device[shift][target].received += nbytes
         per_device[shift][target].slack += nbytes // min(shape[-2:], default=1)
+        per_device[shift][target].transfers.append(nbytes)
         kinds[(shift, shape, nbytes)] += 1
     lines = [
         f"  {DIRECTIONS.get(shift, 'neither ring direction'):<22} {count} remote DMAs of {list(shape)}, "
         f"{nbytes} bytes each"
         for (shift, shape, nbytes), count in sorted(kinds.items(), key=lambda k: (str(k[0][0]), k[0][1:]))
     ]
-    return {
-        shift: max(devices.values(), key=lambda d: d.received) for shift, devices in per_device.items()
-    }, lines
+    return _most_received(per_device), lines
 
 
 def check_direction_balance(case: Case) -> DirectionRecord:
@@ -163,6 +182,7 @@ def check_direction_balance(case: Case) -> DirectionRecord:
     with keeping([record]):
         if larger.received - smaller.received > larger.slack:
             name = "d -> d+1" if larger is forward else "d -> d-1"
+            other = "d -> d-1" if larger is forward else "d -> d+1"
             share = larger.received / total
             raise fail(
                 case,
@@ -174,14 +194,60 @@ def check_direction_balance(case: Case) -> DirectionRecord:
                     f"{name} carries {share:.0%} of them, {larger.received - smaller.received} bytes more "
                     "than the other; halves of a block differ by one slice along a dim at most, "
                     f"{larger.slack} bytes here",
+                    *_what_differs(larger, +1 if larger is backward else -1, name, other),
                     f"on a link that carries both directions at once the transfers take as long as {name}'s, "
-                    f"{share / 0.5 - 1:.0%} longer than the balanced split's: cut each block in two halves, "
-                    "ceil and floor of one dim",
+                    f"{share / 0.5 - 1:.0%} longer than the balanced split's",
                     read_from,
                     *lines,
                 ],
             )
     return record
+
+
+#: Steps listed one by one in a failure (the rest counted).
+SHOWN_STEPS = 8
+
+
+def _what_differs(larger: Direction, other_shift: int, name: str, other: str) -> list[str]:
+    """What the device that receives most one way received, transfer by transfer each way, and the
+    advice that fits: transfers the other way lacks (more steps one way), or transfers of unequal size
+    (a block not cut in halves)."""
+    big, small = larger.transfers, larger.others.get(other_shift, Direction()).transfers
+    steps = [
+        f"  transfer {i + 1:>2}: {big[i] if i < len(big) else 'none':>8} going {name}, "
+        f"{small[i] if i < len(small) else 'none':>8} going {other}"
+        for i in range(min(max(len(big), len(small)), SHOWN_STEPS))
+    ]
+    if max(len(big), len(small)) > SHOWN_STEPS:
+        steps.append(f"  ... and {max(len(big), len(small)) - SHOWN_STEPS} more transfers")
+    counted = (
+        f"counted on device {larger.device} (it receives most going {name}): {len(big)} transfers going "
+        f"{name}, {len(small)} going {other}, in the order they ran (bytes):"
+    )
+    if len(big) > len(small):
+        extra = len(big) - len(small)
+        said = (
+            f"the {_ordinal(len(small) + 1)} transfer going {name} and after"
+            if extra > 1
+            else f"the {_ordinal(len(big))} transfer going {name} ({big[-1]} bytes)"
+        )
+        return [
+            counted,
+            *steps,
+            f"why            : {extra} transfer{'s' if extra > 1 else ''} more going {name} than {other}: "
+            f"{said} has no counterpart the other way: send as many steps each way (a last transfer whose "
+            "data no device reads, a step count taken from the other direction's)",
+        ]
+    return [
+        counted,
+        *steps,
+        f"why            : as many transfers each way, each larger going {name}: cut each block in two "
+        "halves, ceil and floor of one dim",
+    ]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def direction_table(records: list[DirectionRecord]) -> list[tuple[str, list[str]]]:

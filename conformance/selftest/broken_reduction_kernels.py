@@ -27,6 +27,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_rs_declares_columns_scatters_rows": "test_output_sharding",
     "broken_rs_columns_skip_ring_position_one": "test_values",
     "broken_pallas_rs_split_in_thirds": "test_dma_direction_balance",
+    "broken_pallas_rs_one_transfer_more_left": "test_dma_direction_balance",
     "broken_rs_float8_partial_sums_each_hop": "test_values",
     "broken_pallas_rs_writes_a_buffer_still_being_read": "test_races",
     "broken_pallas_rs_dma_before_the_barrier": "test_barrier_protocol",
@@ -43,6 +44,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_rs_declares_columns_scatters_rows": "sharding",
     "broken_rs_columns_skip_ring_position_one": "column blocks of the result are wrong",
     "broken_pallas_rs_split_in_thirds": "a ring declared bidirectional moves more of each block one way",
+    # the cause named: one transfer more one way, not a block cut unevenly
+    "broken_pallas_rs_one_transfer_more_left": "1 transfer more going d -> d-1 than d -> d+1",
     "broken_rs_float8_partial_sums_each_hop": "values differ from the numpy float64 reference",
     "broken_pallas_rs_writes_a_buffer_still_being_read": "TPU interpret mode detected a race",
     "broken_pallas_rs_dma_before_the_barrier": "barrier",
@@ -294,6 +297,24 @@ def broken_pallas_rs_split_in_thirds(x, *, mesh, axis_name, interpret=False):
         bidirectional=True,
         name="broken_pallas_rs_split_in_thirds",
         cut=lambda m: ((m + 1) // 3 or m, m - ((m + 1) // 3 or m)),
+    )
+
+
+@conformance.register(
+    "reduce_scatter", name="broken_pallas_rs_one_transfer_more_left", pallas=True, bidirectional=True
+)
+def broken_pallas_rs_one_transfer_more_left(x, *, mesh, axis_name, interpret=False):
+    """The built-in Pallas ring, halves each way, and after the ring one more DMA leftwards whose data
+    nobody reads, as the Pallas TPU tutorial's bidirectional reduce-scatter sends on its last step:
+    exact and race-free; the left direction of every link carries one transfer more."""
+    return pallas_ring.reduce_scatter(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=True,
+        name="broken_pallas_rs_one_transfer_more_left",
+        protocol=pallas_ring.Protocol(extra_send_left=True),
     )
 
 

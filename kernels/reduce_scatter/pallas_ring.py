@@ -89,6 +89,11 @@ class Protocol:
     drain_every_send: bool = True
     #: The HBM kernel's: a tile's write-back waited before its VMEM slot takes the tile two on.
     tile_written_back: bool = True
+    #: A defect, not a guard: one more DMA leftwards after the ring (the last accumulator sent again, into
+    #: a buffer of the downstream device's that nothing reads), as the Pallas TPU tutorial's
+    #: bidirectional reduce-scatter sends on its last step. Exact and race-free; one direction of
+    #: every link carries a transfer more than the other. The VMEM kernel's only.
+    extra_send_left: bool = False
 
 
 SAFE = Protocol()
@@ -122,6 +127,9 @@ def _ring_kernel(
         refs = (*inputs, *refs[1:])
     inputs, outputs = refs[:directions], refs[directions : 2 * directions]
     scratch = refs[2 * directions :]
+    if protocol.extra_send_left:  # its buffer and semaphores after every direction's
+        spare, spare_sent, spare_received = scratch[-3:]
+        scratch = scratch[:-3]
     per_direction = 5 + (TILE_BUFFERS if tile_rows else 0)
     if tile_rows:  # each direction's HBM send and receive buffers before its scratch
         buffers, rest, each = scratch[: 2 * directions], scratch[2 * directions :], per_direction - 2
@@ -255,6 +263,20 @@ def _ring_kernel(
                 sent[step][k].wait_recv()
                 if step + IN_FLIGHT < every_step and protocol.credits:
                     pl.semaphore_signal(credit, 1, device_id=upstream)
+
+    if protocol.extra_send_left:  # the defect: one more transfer leftwards, which nobody reads
+        with jax.named_scope("extra_send"):
+            _, _, send, _, _, _, _, _, downstream, _ = rings[0]
+            extra = pltpu.make_async_remote_copy(
+                send.at[jnp.int32((steps - 1) % IN_FLIGHT)],
+                spare,
+                spare_sent,
+                spare_received,
+                device_id=downstream,
+            )
+            extra.start()
+            extra.wait_send()
+            extra.wait_recv()
 
     with jax.named_scope("drain"):  # every send not yet waited (the last one only, with the knob off)
         unwaited = [step for step in range(every_step) if step not in waited]
@@ -394,6 +416,10 @@ def scattered_partial(
                 pltpu.VMEM(tile_shape if out_dtype != acc else (1, 8, 128), out_dtype),
                 pltpu.SemaphoreType.DMA((3, 2)),
             ]
+    if protocol.extra_send_left:
+        if tile_rows:
+            raise ValueError(f"{name}: Protocol.extra_send_left is the VMEM kernel's")
+        scratch += [pltpu.VMEM((cuts[0], cols), acc), pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA]
     vmem = pl.BlockSpec(memory_space=pl.ANY if tile else pltpu.VMEM)
     summed = pl.pallas_call(
         kernel,
