@@ -257,19 +257,22 @@ def bound(
 ) -> Any:
     """The implementation with its static keywords bound: a function of the operands alone.
 
-    A Pallas kernel on CPU gets ``interpret=InterpretParams(...)`` and is traced with a TPU chip as the
-    default device (:func:`conformance.targets.tpu_compiler.traced_on_a_chip`); on a TPU it gets no
-    ``interpret`` and is compiled for the chip. A case at a mixed-precision ``dtype``
+    A Pallas kernel on CPU gets ``interpret=InterpretParams(...)`` (one that takes no ``interpret=`` is
+    called with TPU interpret mode forced, :func:`conformance.compat.interpret_forced`) and is traced
+    with a TPU chip as the default device (:func:`conformance.targets.tpu_compiler.traced_on_a_chip`);
+    on a TPU it gets no ``interpret`` and is compiled for the chip. A case at a mixed-precision ``dtype``
     (:mod:`conformance.dtypes`) tells the kernel its result's dtype, ``out_dtype=``.
     """
     record = registry.get(family, impl)
     kwargs: dict[str, Any] = {"mesh": build_mesh(mesh, platform), "axis_name": axis_name}
     kwargs.update(dtypes.kernel_keywords(dtype))
     if record.pallas and platform == "cpu":
-        kwargs["interpret"] = compat.interpret_params(
-            dma_execution_mode=dma_mode or "eager", detect_races=detect_races
-        )
-        return tpu_compiler.traced_on_a_chip(functools.partial(record.fn, **kwargs))
+        params = compat.interpret_params(dma_execution_mode=dma_mode or "eager", detect_races=detect_races)
+        if compat.takes_interpret(record.fn):
+            kernel = functools.partial(record.fn, **kwargs, interpret=params)
+        else:  # a kernel written as JAX's tutorial writes them: interpret mode forced while it builds
+            kernel = compat.interpret_forced(functools.partial(record.fn, **kwargs), params)
+        return tpu_compiler.traced_on_a_chip(kernel)
     return functools.partial(record.fn, **kwargs)
 
 

@@ -35,6 +35,9 @@ EXPECTED_PASS: dict[str, set[str]] = {
     # is, so this CPU host cannot lower it. tpu_layout once failed it for that; it must be skipped
     # with the reason (or pass, on a JAX that lowers it).
     "correct_pallas_ring_pipelined_loop": {"test_values", "test_tpu_layout", "test_cross_lowering"},
+    # Written as JAX's Pallas TPU tutorial writes its kernels: no interpret= keyword, its pallas_call
+    # built inside the call, so the suite runs it with TPU interpret mode forced while it is traced.
+    "correct_pallas_ring_without_interpret_keyword": {"test_values", "test_races", "test_eager"},
     # No validation of its own: shard_map's divisibility error names the values. On an Explicit mesh
     # JAX also refuses valid replicated inputs, so bad_inputs must judge it on the Auto twin.
     "correct_allgather_matmul_without_validation": {"test_bad_inputs", "test_values", "test_eager"},
@@ -206,10 +209,11 @@ def _a_neighbour(*, dims, dtype, axis_size, mesh_shape) -> str | None:
     return "a ring of one (the loop's n - 1 DMA semaphores would be none)" if axis_size == 1 else None
 
 
-def _ring(kernel_body, x, *, mesh, axis_name, interpret):
+def _ring(kernel_body, x, *, mesh, axis_name, interpret, refuses_untiled=True):
     n = mesh.shape[axis_name]
     shard = (x.shape[0] // n, *x.shape[1:])
-    if not interpret and not (len(shard) == 2 and mosaic.tile_aligned(shard, x.dtype)):
+    untiled = not (len(shard) == 2 and mosaic.tile_aligned(shard, x.dtype))
+    if refuses_untiled and not interpret and untiled:
         raise conformance.TpuConstraintError(f"a {x.dtype} shard {shard} is not whole TPU tiles")
     kernel = functools.partial(kernel_body, axis_name=axis_name, mesh_axes=tuple(mesh.axis_names))
 
@@ -240,6 +244,19 @@ def _ring(kernel_body, x, *, mesh, axis_name, interpret):
 )
 def correct_pallas_ring_pipelined_loop(x, *, mesh, axis_name, interpret=False):
     return _ring(_pipelined_loop_ring_kernel, x, mesh=mesh, axis_name=axis_name, interpret=interpret)
+
+
+@conformance.register(
+    "all_gather",
+    name="correct_pallas_ring_without_interpret_keyword",
+    pallas=True,
+    supports=_a_neighbour,
+    description="the default-barrier fori_loop ring, taking no interpret= (as the Pallas TPU tutorial "
+    "writes kernels): the suite forces TPU interpret mode while it builds its pallas_call",
+)
+def correct_pallas_ring_without_interpret_keyword(x, *, mesh, axis_name):
+    # it cannot tell a chip from interpret mode, so it refuses no shape (the tutorial's refuse none)
+    return _ring(_loop_ring_kernel, x, mesh=mesh, axis_name=axis_name, interpret=False, refuses_untiled=False)
 
 
 @conformance.register(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import compat
 from conformance.checks import CHECKS
 from conformance.checks.values import EAGER_MESHES
 from conformance.claims import NOT_CLAIMED
@@ -77,7 +78,7 @@ EXPECTED_ON = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_O
 EXPECTED_PASS = {**other_style_kernels.EXPECTED_PASS, **broken_moe_layer_kernels.EXPECTED_PASS}
 #: A skip for what this host cannot try (never a failure): a kernel it cannot lower for TPU, or no
 #: libtpu to judge the TPU layout (the CI envs install it).
-HOST_LIMITS = (HOST_LIMIT, "judged by the real TPU compiler")
+HOST_LIMITS = (HOST_LIMIT, "judged by the real TPU compiler", compat.NO_FORCED_INTERPRET)
 STANDARD_TESTS = {
     "test_values",
     "test_output_sharding",
