@@ -249,41 +249,17 @@ def interpret_params(*, dma_execution_mode: str, detect_races: bool) -> Any:
     return pltpu.InterpretParams(**fields)
 
 
-def takes_interpret(fn: Callable[..., Any]) -> bool:
-    """Whether a Pallas kernel takes ``interpret=`` (a keyword of that name, or ``**kwargs``)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(p.name == "interpret" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+NO_FORCED_INTERPRET = "has no pltpu.force_tpu_interpret_mode"  # in a skip, where JAX cannot force it
 
 
-#: What a skip says where a kernel without ``interpret=`` meets a JAX that cannot force interpret mode.
-NO_FORCED_INTERPRET = "has no pltpu.force_tpu_interpret_mode"
-
-
-def interpret_forced(fn: Callable[..., Any], params: Any) -> Callable[..., Any]:
-    """``fn`` (a Pallas kernel that takes no ``interpret=``, as JAX's Pallas TPU tutorial writes them)
-    called with TPU interpret mode forced, ``pltpu.force_tpu_interpret_mode(params)``: each
-    ``pl.pallas_call`` built while it runs (so while it is traced) is interpreted. A ``pallas_call``
-    built before, at import, is not: JAX reads the mode when ``pl.pallas_call(...)`` is built. Raises
-    :class:`HostLimit` on a JAX without the context manager (0.6)."""
+def forced_interpret_mode(params: Any) -> Any:
+    """``pltpu.force_tpu_interpret_mode(params)``; :class:`HostLimit` on a JAX without it (0.6)."""
     from jax.experimental.pallas import tpu as pltpu
 
-    force = getattr(pltpu, "force_tpu_interpret_mode", None)
-    if force is None:
-        raise HostLimit(
-            f"the kernel takes no interpret=, and JAX {jax.__version__} {NO_FORCED_INTERPRET} to run its "
-            "pallas_call interpreted: a newer JAX runs it, or "
-            "the kernel can take interpret= and pass it to pl.pallas_call"
-        )
-
-    @functools.wraps(fn)
-    def forced(*args: Any, **kwargs: Any) -> Any:
-        with force(params):
-            return fn(*args, **kwargs)
-
-    return forced
+    if not hasattr(pltpu, "force_tpu_interpret_mode"):
+        why = f"the kernel takes no interpret=, and JAX {jax.__version__} {NO_FORCED_INTERPRET}"
+        raise HostLimit(f"{why}: a newer JAX runs it, or the kernel can pass interpret= to pallas_call")
+    return pltpu.force_tpu_interpret_mode(params)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from conformance import compat, dtypes, registry, tolerances, watchdog
+from conformance import compat, dtypes, interpreted_kernels, registry, tolerances, watchdog
 from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
 from conformance.specs.base import FamilySpec
 from conformance.targets import mosaic, tpu_compiler
@@ -258,7 +258,7 @@ def bound(
     """The implementation with its static keywords bound: a function of the operands alone.
 
     A Pallas kernel on CPU gets ``interpret=InterpretParams(...)`` (one that takes no ``interpret=`` is
-    called with TPU interpret mode forced, :func:`conformance.compat.interpret_forced`) and is traced
+    called with TPU interpret mode forced, :func:`conformance.interpreted_kernels.interpreted`) and is traced
     with a TPU chip as the default device (:func:`conformance.targets.tpu_compiler.traced_on_a_chip`);
     on a TPU it gets no ``interpret`` and is compiled for the chip. A case at a mixed-precision ``dtype``
     (:mod:`conformance.dtypes`) tells the kernel its result's dtype, ``out_dtype=``.
@@ -268,11 +268,7 @@ def bound(
     kwargs.update(dtypes.kernel_keywords(dtype))
     if record.pallas and platform == "cpu":
         params = compat.interpret_params(dma_execution_mode=dma_mode or "eager", detect_races=detect_races)
-        if compat.takes_interpret(record.fn):
-            kernel = functools.partial(record.fn, **kwargs, interpret=params)
-        else:  # a kernel written as JAX's tutorial writes them: interpret mode forced while it builds
-            kernel = compat.interpret_forced(functools.partial(record.fn, **kwargs), params)
-        return tpu_compiler.traced_on_a_chip(kernel)
+        return tpu_compiler.traced_on_a_chip(interpreted_kernels.interpreted(record.fn, params, **kwargs))
     return functools.partial(record.fn, **kwargs)
 
 

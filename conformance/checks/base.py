@@ -227,7 +227,7 @@ def _claims_mesh(implementation: Any, label: str) -> bool:
     """Whether ``implementation`` (a registry record) claims the mesh ``label`` at the family's odd
     fixed shape in float32, on the CPU where it runs there (else the first platform it declares)."""
     from conformance import claims, strategies
-    from fixtures.meshes import parse_mesh
+    from conformance.fixtures.meshes import parse_mesh
 
     declared = implementation.platforms
     platform = "cpu" if declared is None or "cpu" in declared else declared[0]
