@@ -75,8 +75,11 @@ def error_locations(error: BaseException) -> list[str]:
         lines.append(f"kernel's code  : {frame_text(kernel[-1])}")
     else:  # raised while JAX ran the traced kernel (e.g. Pallas interpret mode): the op's own line
         interpreted = compat.interpreted_op_source(error)
+        where, raised = getattr(error, "raised_in_interpreted_op", (None, None))
         if interpreted:
             lines.append(f"kernel's code  : {interpreted} (the traced op being run when it raised)")
+        elif where:  # a callback of TPU interpret mode raised: its op's line, and what it raised
+            lines.append(f"kernel's code  : {where} (the op TPU interpret mode was running: {raised[:300]})")
     return lines
 
 

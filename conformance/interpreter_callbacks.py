@@ -34,10 +34,28 @@ def _interpreter_function(callback: Any) -> bool:
     return getattr(fn, "__module__", "").startswith("jax._src.pallas.mosaic.interpret")
 
 
+def _kernel_line(callback: Any) -> str | None:
+    """The kernel's line of the op an interpreter callback runs (the interpreter binds each op's
+    ``source_info`` to its callback), ``None`` where it has none."""
+    from jax._src import source_info_util
+
+    fn = getattr(callback, "callback_func", None)
+    while fn is not None:
+        if isinstance(fn, functools.partial):
+            if fn.keywords.get("source_info") is not None:
+                return source_info_util.summarize(fn.keywords["source_info"])
+            fn = fn.func
+        else:
+            fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
 @contextlib.contextmanager
-def on_host() -> Iterator[None]:
+def on_host() -> Iterator[list[tuple[str | None, str]]]:
     """Within the block, TPU interpret mode's own callbacks take their operands as the host arrays
-    XLA hands them, not first copied onto a JAX CPU device.
+    XLA hands them, not first copied onto a JAX CPU device. Yields the list of where such a callback
+    raised in the block, each the kernel's line of its op and the error: a DMA's error reaches the
+    caller as XLA's, raised where the result is waited for, with no frame of the kernel.
 
     Interpret mode runs every load, store, DMA and semaphore operation of a kernel as an
     ``io_callback`` on each simulated device. For each call, JAX's ``io_callback_impl`` (0.6.2 to
@@ -60,18 +78,25 @@ def on_host() -> Iterator[None]:
                     return original(*args, callback=callback, **params)
                 try:
                     return jax.tree_util.tree_map(np.asarray, callback(*args))
-                except BaseException:  # as JAX's own path logs it
+                except BaseException as error:  # as JAX's own path logs it; and where in the kernel
                     logging.getLogger(callback_module.__name__).exception("jax.io_callback failed")
+                    raised = (_kernel_line(callback), f"{type(error).__name__}: {error}")
+                    for listener in list(on_host.listeners):  # type: ignore[attr-defined]
+                        listener.append(raised)
                     raise
 
             on_host.original, on_host.blocks_inside = original, 0  # type: ignore[attr-defined]
+            on_host.listeners = []  # type: ignore[attr-defined]
             on_host.undo_zero_waits = _zero_waits_return()  # type: ignore[attr-defined]
             callback_module.io_callback_impl = on_host
         on_host.blocks_inside += 1  # type: ignore[attr-defined]
+        raised_at: list[tuple[str | None, str]] = []
+        on_host.listeners.append(raised_at)  # type: ignore[attr-defined]
     try:
-        yield
+        yield raised_at
     finally:
         with _LOCK:
+            on_host.listeners.remove(raised_at)  # type: ignore[attr-defined]
             on_host.blocks_inside -= 1  # type: ignore[attr-defined]
             if on_host.blocks_inside == 0:  # type: ignore[attr-defined]
                 callback_module.io_callback_impl = on_host.original  # type: ignore[attr-defined]

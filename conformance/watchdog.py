@@ -123,10 +123,12 @@ def run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
     timer.daemon = True
     timer.start()
     try:
-        with interpreter_callbacks.on_host():
+        with interpreter_callbacks.on_host() as raised_at:
             out = fn(*args)
             jax.block_until_ready(out)
-    except Exception:
+    except Exception as error:
+        if raised_at:  # where in the kernel: the op whose callback raised first
+            error.raised_in_interpreted_op = raised_at[0]  # type: ignore[attr-defined]
         if not fired.is_set():
             compat.reset_interpret_state(after_failure=True)  # else later kernels inherit the failure
             raise

@@ -39,6 +39,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_refuses_every_tpu_shape": "test_tpu_layout",
     "broken_pallas_refuses_what_the_compiler_compiles": "test_tpu_layout",
     "broken_pallas_semaphores_per_step": "test_tpu_pod",
+    "broken_pallas_dma_slot_out_of_bounds": "test_values",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_waits_for_missing_signal": "did not finish within",
@@ -57,6 +58,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_skips_default_barrier": "skips the default device barrier",
     "broken_pallas_leaves_barrier_count": "barrier semaphore",
     "broken_pallas_leaves_send_counts": "nonzero count at kernel exit",
+    # where: the DMA's own line in the kernel, though the interpreter raised it in a host callback
+    "broken_pallas_dma_slot_out_of_bounds": "(the op TPU interpret mode was running",
 }
 
 
@@ -86,6 +89,7 @@ def _kernel(
     blocks_in_callback=False,
     final_send_wait=True,
     farewell_signal=False,
+    slot_unwrapped=False,
 ):
     n, me, rows = lax.axis_size(axis_name), lax.axis_index(axis_name), x_ref.shape[0]
     if blocks_in_callback:  # a host callback that never returns: below anything the watchdog can abort
@@ -109,7 +113,7 @@ def _kernel(
     top = rows // 2 if floor_halves else (rows + 1) // 2
     bottom = rows // 2 if floor_halves else rows - top
     halves = [
-        (0, top, right, lambda s: lax.rem(me - s + n, n)),
+        (0, top, right, lambda s: me - s + n if slot_unwrapped else lax.rem(me - s + n, n)),
         (top, bottom, left, lambda s: lax.rem(me + s, n)),
     ]
     last = [None, None]
@@ -239,6 +243,12 @@ _register(
     "waits for its last DMAs to arrive but not for them to be sent: exact and race-free here, "
     "but its send semaphores keep their counts and a chip's kernel may return mid-DMA",
     final_send_wait=False,
+)
+_register(
+    "broken_pallas_dma_slot_out_of_bounds",
+    "forgets the `% n` on the rightward half's slot: a DMA window past the output's last block on "
+    "every device at or ahead of the step",
+    slot_unwrapped=True,
 )
 _register(
     "broken_pallas_untiled_halves",

@@ -211,9 +211,13 @@ def choices_missing(
             (tuple(j for b, j in enumerate(routed) if mask >> b & 1) for mask in range(1, 1 << len(routed))),
             key=len,
         )
-        fits = next(
-            (s for s in subsets if np.all(np.abs(got[t] - want[t] + share[t, list(s)].sum(0)) <= bound[t])),
-            None,
+        residual = {s: np.abs(got[t] - want[t] + share[t, list(s)].sum(0)) for s in subsets}
+        # the fewest choices that account for the row, and of those the closest (a choice of a small
+        # share may fit alone where another one was lost)
+        fits = min(
+            (s for s in subsets if np.all(residual[s] <= bound[t])),
+            key=lambda s: (len(s), float(np.max(residual[s] / np.maximum(bound[t], 1e-300)))),
+            default=None,
         )
         if fits is None:
             return []
@@ -222,19 +226,35 @@ def choices_missing(
     if not lost_by_expert:
         return []
     owner = moe_routing.owners(placement)
-    experts = []
+    experts, seen, t_per = [], [], tokens.shape[0] // axis_size
     for e, lost in sorted(lost_by_expert.items()):
         routed_to_e = sorted(set(np.nonzero(ids == e)[0].tolist()))
         experts.append((e, routed_to_e, sorted(lost)))
+        # a choice whose share is within the tolerance may have been lost unseen (the fewest choices
+        # that account for a row leave it out): it tells nothing of the order kept, unless it comes
+        # before every choice seen lost of its sender's tokens
+        first_lost: dict[int, int] = {}
+        for t in sorted(lost):
+            first_lost.setdefault(t // t_per, t)
+        seen.append(
+            (
+                [
+                    t
+                    for t in routed_to_e
+                    if t in lost
+                    or t < first_lost.get(t // t_per, t + 1)
+                    or np.any(np.abs(share[t, list(ids[t]).index(e)]) > bound[t])
+                ],
+                sorted(lost),
+            )
+        )
     said = [
         f"expert {e} (on device {owner[e]}) lost {len(lost)} of the {len(routed)} choices routed to it, of "
         f"token{'s' if len(lost) > 1 else ''} {moe_routing.spans(lost)}"
         for e, routed, lost in experts
     ]
     listed = "; ".join(said[:4]) + (f"; and {len(said) - 4} more experts" if len(said) > 4 else "")
-    kept = moe_routing.kept_first(
-        [(routed, lost) for _, routed, lost in experts], tokens.shape[0] // axis_size
-    )
+    kept = moe_routing.kept_first(seen, t_per)
     if kept is None:
         return [f"choices missing: each wrong token's row lacks whole choices' expert outputs: {listed}"]
     return [
