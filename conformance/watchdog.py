@@ -127,8 +127,11 @@ def run_guarded(case: Case, fn: Any, args: tuple[jax.Array, ...]) -> jax.Array:
             out = fn(*args)
             jax.block_until_ready(out)
     except Exception as error:
-        if raised_at:  # where in the kernel: the op whose callback raised first
-            error.raised_in_interpreted_op = raised_at[0]  # type: ignore[attr-defined]
+        # where in the kernel: the first op whose callback raised (the pallas_call's own callbacks,
+        # which raise the failure again on the other devices, have no line)
+        located = [raised for raised in raised_at if raised[0]]
+        if located:
+            error.raised_in_interpreted_op = located[0]  # type: ignore[attr-defined]
         if not fired.is_set():
             compat.reset_interpret_state(after_failure=True)  # else later kernels inherit the failure
             raise
