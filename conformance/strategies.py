@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from conformance import claims, registry
 from conformance import dtypes as dtypes_lib
 from conformance.fixtures.devices import devices_of
-from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig
+from conformance.fixtures.meshes import MESH_CONFIGS, MeshConfig, parse_mesh
 from conformance.runner import DMA_MODES, Case
 
 T = TypeVar("T")
@@ -161,6 +161,21 @@ def fixed_dims(
         return odd
     dims = dims_of(shape, avoid=odd)
     return None if dims == odd else dims
+
+
+def claims_mesh(implementation: Any, label: str) -> bool:
+    """Whether ``implementation`` (a registry record) claims the mesh ``label`` at the family's odd
+    fixed shape in float32, on the CPU where it runs there (else the first platform it declares): what
+    :attr:`conformance.checks.base.Axes.fallback_meshes` asks of each kernel at collection."""
+    declared = implementation.platforms
+    platform = "cpu" if declared is None or "cpu" in declared else declared[0]
+    try:
+        fixed_dims(implementation.family, implementation.name, platform, parse_mesh(label), "float32", "odd")
+    except claims.NotClaimed:
+        return False
+    except Exception:  # a declaration that raises: the check's own test says so, on its own meshes
+        return True
+    return True
 
 
 def draw_case(

@@ -203,14 +203,16 @@ class Axes:
     def meshes_for(self, implementation: Any) -> str | tuple[str, ...]:
         """The meshes :attr:`meshes` names, or :attr:`interpreted_meshes` for a Pallas kernel, or the
         first of :attr:`fallback_meshes` it claims where it claims none of its own."""
+        from conformance.strategies import claims_mesh as _claims  # strategies imports what imports this
+
         own = self.meshes
         if (
             self.fallback_meshes
             and isinstance(own, tuple)
             and implementation is not None
-            and not any(_claims_mesh(implementation, label) for label in own)
+            and not any(_claims(implementation, label) for label in own)
         ):
-            return next(((m,) for m in self.fallback_meshes if _claims_mesh(implementation, m)), own)
+            return next(((m,) for m in self.fallback_meshes if _claims(implementation, m)), own)
         return (getattr(implementation, "pallas", False) and self.interpreted_meshes) or self.meshes
 
     def selects(self, implementation: Any) -> bool:
@@ -221,25 +223,6 @@ class Axes:
             else getattr(implementation, p)
             for p in self.implementations
         )
-
-
-def _claims_mesh(implementation: Any, label: str) -> bool:
-    """Whether ``implementation`` (a registry record) claims the mesh ``label`` at the family's odd
-    fixed shape in float32, on the CPU where it runs there (else the first platform it declares)."""
-    from conformance import claims, strategies
-    from conformance.fixtures.meshes import parse_mesh
-
-    declared = implementation.platforms
-    platform = "cpu" if declared is None or "cpu" in declared else declared[0]
-    try:
-        strategies.fixed_dims(
-            implementation.family, implementation.name, platform, parse_mesh(label), "float32", "odd"
-        )
-    except claims.NotClaimed:
-        return False
-    except Exception:  # a declaration that raises: the check's own test says so, on its own meshes
-        return True
-    return True
 
 
 #: What a check's failure means, in the order a kernel author should look at them: the kernel gives a
