@@ -25,12 +25,13 @@ from conformance import native_logs
 
 with native_logs.filtered():  # the first import of JAX, where its CUDA plugin may log on a host without CUDA
     from conformance.registry import Implementation, implementations, multiples_of, register, registered
-    from conformance.specs.moe_routing import ExpertCapacity
+    from conformance.specs.moe_routing import ExpertCapacity, ExpertReplicas
     from conformance.targets.mosaic import TpuConstraintError
     from conformance.targets.mosaic import refuse as refuse_on_tpu
 
 __all__ = [
     "ExpertCapacity",
+    "ExpertReplicas",
     "Implementation",
     "TpuConstraintError",
     "implementations",

@@ -126,6 +126,16 @@ class Case:
                     op.values(case.dims_map, case.mesh.axis_size)
                 except ValueError as e:
                     raise ValueError(f"bad case token {token!r}: {e}") from None
+        drawn = spec.values_of("routing") if "routing" in dims else ()
+        if drawn and dims["routing"] not in drawn:  # a kind of traffic, not a size: only those it is given
+            needs = (
+                "replicas=conformance.ExpertReplicas(...)" if "replicas" in spec.registration_options else ""
+            )
+            raise ValueError(
+                f"bad case token {token!r}: routing={dims['routing']} is not one of those {impl} is given "
+                f"({', '.join(map(str, drawn))})"
+                + (f"; a replicated placement needs {needs}" if needs else "")
+            )
         return case
 
     def size_key(self) -> tuple[int, int, int, str]:

@@ -98,21 +98,36 @@ def _exclusive(sizes: jax.Array, axis: int = 0) -> jax.Array:
 
 
 def routing_tables(
-    expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str
+    expert_ids: jax.Array, placement: jax.Array, *, n: int, axis_name: str, rule: str = "sender"
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(device, local, counts)``: each (token, choice)'s expert device and local expert (``[T, k]``
     each; a choice routed nowhere, expert id ``-1``, gets device ``n``, past every real one, so that it
     sorts last and counts nowhere), and every device's rows for every device's every expert
-    (``[n senders, n receivers, X]``)."""
+    (``[n senders, n receivers, X]``).
+
+    An expert the placement names more than once (replicated by a load balancer) is sent to one of its
+    ``r`` slots, in placement order, by ``rule`` (:class:`conformance.ExpertReplicas`): ``"sender"``, slot
+    ``me % r``; ``"token"``, slot ``t % r`` for global token ``t``. Each slot's rank among its expert's
+    slots is read from the gathered placement (an ``[E, E]`` comparison, a few ints), so a scatter that
+    inverts the placement, whose duplicate indices keep one slot for every sender, is not needed."""
+    if rule not in ("sender", "token"):
+        raise ValueError(f"routing_tables: rule must be 'sender' or 'token', got {rule!r}")
     x = placement.shape[-1]
     hosted = lax.all_gather(
         placement.reshape(x).astype(jnp.int32), axis_name, tiled=True
     )  # position p: device p // X
     position = jnp.arange(n * x, dtype=jnp.int32)
-    routed = expert_ids >= 0
-    chosen = jnp.where(routed, expert_ids, 0)  # a negative index would wrap around
-    device = jnp.where(routed, jnp.zeros(n * x, jnp.int32).at[hosted].set(position // x)[chosen], n)
-    local = jnp.where(routed, jnp.zeros(n * x, jnp.int32).at[hosted].set(position % x)[chosen], 0)
+    same = hosted[:, None] == hosted[None, :]
+    rank = (same & (position[None, :] < position[:, None])).sum(1)  # among its expert's slots
+    replicas = same.sum(1)
+    t = expert_ids.shape[0]
+    me = lax.axis_index(axis_name)
+    key = me * t + jnp.arange(t, dtype=jnp.int32)[:, None, None] if rule == "token" else me
+    picked = (hosted == expert_ids[..., None]) & (rank == key % replicas)  # [T, k, n*X]; -1 picks none
+    routed = picked.any(-1)
+    slot = (picked * position).sum(-1)
+    device = jnp.where(routed, slot // x, n)
+    local = jnp.where(routed, slot % x, 0)
     mine = jnp.zeros((n, x), jnp.int32).at[device, local].add(1, mode="drop")
     return device, local, lax.all_gather(mine, axis_name)
 

@@ -32,6 +32,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "test_gradients",
     "broken_moe_combine_weights_in_expert_order": "test_values",
     "broken_moe_combine_gathers_every_expert_row": "test_collectives",
+    "broken_moe_dispatch_inverts_a_replicated_placement": "test_values",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_moe_dispatch_rows_in_arrival_order": "in the order the exchange delivers them",
@@ -48,6 +49,11 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_moe_dispatch_backward_returns_cotangents_in_dispatch_order": "d_tokens",
     "broken_moe_combine_weights_in_expert_order": "in expert-id order",
     "broken_moe_combine_gathers_every_expert_row": "bytes",
+    "broken_moe_dispatch_inverts_a_replicated_placement": "replica, whichever device sends it",
+}
+#: Correct kernels of another style: the checks each must pass (a replica rule the built-ins do not use).
+EXPECTED_PASS: dict[str, set[str]] = {
+    "correct_moe_dispatch_replicas_by_token": {"test_values", "test_gradients", "test_output_sharding"},
 }
 
 
@@ -392,4 +398,58 @@ def broken_moe_combine_reads_aligned_groups_as_packed(
 
     return _combine("broken_moe_combine_reads_aligned_groups_as_packed", body)(
         expert_rows, weights, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+def _inverted_tables(expert_ids, placement, *, n: int, axis_name: str):
+    """:func:`_moe.routing_tables` as a kernel that inverts the placement with a scatter computes them: an
+    expert named twice keeps whichever slot the scatter writes last, the same one for every sender."""
+    x = placement.shape[-1]
+    hosted = lax.all_gather(placement.reshape(x).astype(jnp.int32), axis_name, tiled=True)
+    slot_of = jnp.zeros(n * x, jnp.int32).at[hosted].set(jnp.arange(n * x, dtype=jnp.int32))
+    routed = expert_ids >= 0
+    slot = slot_of[jnp.maximum(expert_ids, 0)]
+    device, local = jnp.where(routed, slot // x, n), jnp.where(routed, slot % x, 0)
+    mine = jnp.zeros((n, x), jnp.int32).at[device, local].add(1, mode="drop")
+    return device, local, lax.all_gather(mine, axis_name)
+
+
+@conformance.register(
+    "moe_dispatch",
+    name="broken_moe_dispatch_inverts_a_replicated_placement",
+    replicas=conformance.ExpertReplicas("sender"),
+)
+def broken_moe_dispatch_inverts_a_replicated_placement(tokens, expert_ids, placement, *, mesh, axis_name):
+    """Declares that device ``s`` sends an expert hosted ``r`` times to its replica ``s % r``, and finds
+    an expert's device by inverting the placement with a scatter: every sender's rows go to one replica."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        tables = _inverted_tables(expert_ids, placement, n=n, axis_name=axis_name)
+        return _moe.dispatched(
+            tokens, expert_ids, placement, n=n, axis_name=axis_name, exchange=dense_exchange, tables=tables
+        )
+
+    return _dispatch("broken_moe_dispatch_inverts_a_replicated_placement", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
+    )
+
+
+@conformance.register(
+    "moe_dispatch",
+    name="correct_moe_dispatch_replicas_by_token",
+    differentiable=True,
+    replicas=conformance.ExpertReplicas("token"),
+)
+def correct_moe_dispatch_replicas_by_token(tokens, expert_ids, placement, *, mesh, axis_name):
+    """A correct dispatch that spreads the rows of an expert hosted ``r`` times over its replicas by
+    global token, ``t % r``, as a round-robin balancer does (the built-ins go by sender)."""
+
+    def body(tokens, expert_ids, placement, *, n, axis_name):
+        tables = _moe.routing_tables(expert_ids, placement, n=n, axis_name=axis_name, rule="token")
+        return _moe.dispatched(
+            tokens, expert_ids, placement, n=n, axis_name=axis_name, exchange=dense_exchange, tables=tables
+        )
+
+    return _dispatch("correct_moe_dispatch_replicas_by_token", body)(
+        tokens, expert_ids, placement, mesh=mesh, axis_name=axis_name
     )

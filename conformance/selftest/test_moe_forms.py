@@ -155,3 +155,48 @@ def test_aligned_groups_start_at_multiples_and_the_rows_between_are_zero() -> No
         combine.expected((rows, w, IDS, WHERE), axis_size=2),
         moe_combine.reference(packed_rows, w, IDS, WHERE),
     )
+
+
+def test_a_replicated_placement_hosts_its_hot_experts_on_two_devices_and_routes_to_them() -> None:
+    """The routing ``REPLICATED_EXPERTS``: a quarter of the slots host a hot expert a second time, on
+    another device; every token's first choice is one of them; the ids name only the experts there are."""
+    for n, x, k in ((2, 1, 1), (4, 2, 2), (5, 3, 4), (8, 2, 2)):
+        d = {"tokens_per_shard": 3, "experts_per_device": x, "top_k": k, "hidden": 8}
+        d["routing"] = moe_routing.REPLICATED_EXPERTS
+        where, ids = moe_routing.placement(d, n), moe_routing.expert_ids(d, n)
+        hot = moe_routing.replicated(d, n)
+        assert hot >= 1, (n, x, k)
+        flat = where.reshape(-1)
+        assert sorted(flat.tolist()) == sorted([*range(n * x - hot), *range(hot)])
+        for e in range(hot):
+            assert len({int(p) // x for p in np.nonzero(flat == e)[0]}) == 2, (n, x, e, where)
+        assert set(ids.reshape(-1).tolist()) <= set(flat.tolist())
+        assert all(row[0] < hot for row in ids), ids
+    one = {"tokens_per_shard": 3, "experts_per_device": 2, "top_k": 2, "hidden": 8, "routing": 6}
+    assert moe_routing.replicated(one, 1) == 0  # a ring of one has no other device to replicate on
+
+
+def test_each_replica_rule_sends_a_row_to_the_replica_it_names() -> None:
+    """Expert 0 on slots 0 (device 0) and 3 (device 1); the rule picks a slot per row, and the placement
+    becomes one expert a slot."""
+    where = np.array([[0, 1], [2, 0]])
+    ids = np.array([[0, 2], [0, 1], [0, 2], [1, 0]])  # 2 devices of 2 tokens
+    by_sender, arange = moe_routing.physical(ids, where, "sender")
+    assert arange.tolist() == [[0, 1], [2, 3]]
+    assert by_sender.tolist() == [[0, 2], [0, 1], [3, 2], [1, 3]]
+    by_token, _ = moe_routing.physical(ids, where, "token")
+    assert by_token.tolist() == [[0, 2], [3, 1], [0, 2], [1, 3]]
+    distinct = np.arange(4).reshape(2, 2)
+    assert moe_routing.physical(ids, distinct, "sender")[1] is distinct  # nothing to choose
+    with pytest.raises(ValueError, match="rule must be one of"):
+        conformance.ExpertReplicas("nearest")
+
+
+def test_only_a_kernel_declaring_a_replica_rule_is_given_the_replicated_placement() -> None:
+    from conformance import registry
+
+    given = registry.spec_of("moe_dispatch", "dense_moe_dispatch").values_of("routing")
+    assert moe_routing.REPLICATED_EXPERTS in given
+    assert moe_routing.REPLICATED_EXPERTS not in moe_dispatch.SPEC.values_of("routing")
+    with pytest.raises(TypeError, match=re.escape("replicas must be None or a conformance.ExpertReplicas")):
+        conformance.register("moe_dispatch", name="replicas_by_name", replicas="sender")(lambda *a, **k: None)

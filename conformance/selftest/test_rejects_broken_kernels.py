@@ -75,7 +75,11 @@ HANGING = frozenset(k for k, text in EXPECTED_MESSAGE.items() if text.startswith
 #: A broken kernel whose check the sweep runs on one case only (a ``-k`` word of its test ids)
 EXPECTED_ON = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_ON", {}).items()}
 #: Correct kernels of other styles: the checks each must pass.
-EXPECTED_PASS = {**other_style_kernels.EXPECTED_PASS, **broken_moe_layer_kernels.EXPECTED_PASS}
+EXPECTED_PASS = {
+    **other_style_kernels.EXPECTED_PASS,
+    **broken_moe_kernels.EXPECTED_PASS,
+    **broken_moe_layer_kernels.EXPECTED_PASS,
+}
 #: A skip for what this host cannot try (never a failure): a kernel it cannot lower for TPU, or no
 #: libtpu to judge the TPU layout (the CI envs install it).
 HOST_LIMITS = (HOST_LIMIT, "judged by the real TPU compiler", compat.NO_FORCED_INTERPRET)

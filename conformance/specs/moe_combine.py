@@ -157,6 +157,10 @@ MOE_COMBINE = FamilySpec(
         "capacity": moe_forms.capacity_option(
             least_received=lambda ids, where: moe_routing.most_received_of(ids, where, back=True)
         ),
+        # last, so that the forms before it meet each replica as an expert of its own
+        "replicas": moe_forms.replicas_option(
+            least_received=lambda ids, where: moe_routing.most_received_of(ids, where, back=True)
+        ),
     },
 )
 

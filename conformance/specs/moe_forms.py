@@ -4,6 +4,10 @@
 * ``capacity``, of all three: a rule for dropping tokens past an expert capacity
   (:class:`~conformance.specs.moe_routing.ExpertCapacity`); every reference on the routing with the
   dropped choices routed nowhere;
+* ``replicas``, of all three: a rule for which of an expert's replicas a row goes to, where the placement
+  hosts an expert on several devices (:class:`~conformance.specs.moe_routing.ExpertReplicas`); the
+  replicated placement is drawn for that kernel, and every reference takes each replica as an expert of
+  its own;
 * ``group_alignment``, of a dispatch and a combine: each expert's group of rows starting at a multiple
   of that many rows, the rows between zero (a grouped matmul's tiles: 8 rows a sublane tile, 128 an
   MXU's); every reference in the packed layout, its rows then moved to their aligned places. A whole
@@ -22,7 +26,16 @@ import numpy as np
 
 from conformance.specs import moe_routing
 from conformance.specs.base import Dims, FamilySpec, FormChange, KnownMistake, RegistrationOption
-from conformance.specs.moe_routing import ExpertCapacity, capped, expert_ids, placement
+from conformance.specs.moe_routing import (
+    ONE_REPLICA_RULES,
+    REPLICATED_EXPERTS,
+    ExpertCapacity,
+    ExpertReplicas,
+    capped,
+    expert_ids,
+    physical,
+    placement,
+)
 
 
 def _composed(spec: FamilySpec, fold: Callable, unfold: Callable) -> FormChange:
@@ -92,6 +105,98 @@ def capacity_option(*, least_received: Callable[..., int]) -> RegistrationOption
         doc="the kernel's rule for dropping tokens past an expert capacity (conformance.ExpertCapacity: "
         "factor, group, order); the reference drops the same (token, choice) rows. None: it drops none",
         derive=lambda spec, capacity: with_capacity(spec, capacity, least_received=least_received),
+    )
+
+
+def with_replicas(
+    spec: FamilySpec, replicas: ExpertReplicas, *, least_received: Callable[..., int]
+) -> FamilySpec:
+    """A MoE family's form for a kernel declaring ``replicas``: the routing :data:`REPLICATED_EXPERTS`
+    drawn besides the family's, and every reference, tolerance, known mistake and bound of ``spec`` on
+    the case's routing with each replica an expert of its own (:func:`physical`: each row's expert the
+    slot the rule picks, the placement ``arange``). On a placement of distinct experts nothing changes."""
+    names = spec.operand_names
+    at_ids, at_where = names.index("expert_ids"), names.index("placement")
+
+    def one_each(arrays: tuple, rule: str = replicas.rule) -> tuple:
+        """The operands (and whatever follows them) with every replica an expert of its own, each row at
+        the replica ``rule`` picks."""
+        out = list(arrays)
+        out[at_ids], out[at_where] = physical(np.asarray(arrays[at_ids]), np.asarray(arrays[at_where]), rule)
+        return tuple(out)
+
+    def on_replicas(fn: Callable[..., object] | None) -> Callable[..., object] | None:
+        return None if fn is None else lambda *args, **kwargs: fn(*one_each(args), **kwargs)
+
+    def reference(*inputs: np.ndarray, axis_size: int) -> np.ndarray:
+        return spec.expected(one_each(inputs), axis_size=axis_size)
+
+    def mistake(known: KnownMistake) -> KnownMistake:
+        return KnownMistake(known.description, on_replicas(known.reference))
+
+    def one_replica(which: str) -> KnownMistake:
+        def result(*inputs: np.ndarray, axis_size: int) -> np.ndarray:
+            return spec.expected(one_each(inputs, which), axis_size=axis_size)
+
+        return KnownMistake(
+            f"every row of an expert the placement hosts more than once sent to its {which} replica, "
+            f"whichever device sends it ({replicas.describe()}; a placement inverted by a scatter keeps one "
+            "slot an expert for every sender)",
+            result,
+        )
+
+    def explain(*args: object, **kwargs: object) -> list[str]:
+        """The family's explanation on each replica as an expert (named by its slot), after a line that
+        says which slots are whose."""
+        lines = spec.explain_wrong(*one_each(args), **kwargs)
+        flat = np.asarray(args[at_where]).astype(np.int64).reshape(-1)
+        x = np.asarray(args[at_where]).shape[-1]
+        twice = [int(e) for e in np.unique(flat) if (flat == e).sum() > 1]
+        if twice and lines:
+            held = "; ".join(
+                f"expert {e} at slots {', '.join(f'{p} (device {p // x})' for p in np.nonzero(flat == e)[0])}"
+                for e in twice
+            )
+            lines.insert(0, f"replicas       : {held}; the lines below name each slot an expert of its own")
+        return lines
+
+    def least(d: Dims, n: int, itemsize: int) -> int:
+        if d["routing"] != REPLICATED_EXPERTS:
+            return spec.min_received_bytes(d, n, itemsize)
+        ids, where = physical(expert_ids(d, n), placement(d, n), replicas.rule)
+        return least_received(ids, where) * d["hidden"] * itemsize
+
+    routings = (*spec.values_of("routing"), REPLICATED_EXPERTS)
+    return dataclasses.replace(
+        spec,
+        summary=f"{spec.summary}; {replicas.describe()}",
+        dim_values={**spec.dim_values, "routing": routings},
+        reference=reference,
+        tolerance=on_replicas(spec.tolerance),
+        vjp_reference=on_replicas(spec.vjp_reference),
+        vjp_tolerance=on_replicas(spec.vjp_tolerance),
+        known_mistakes=(
+            *(mistake(k) for k in spec.known_mistakes),
+            *(one_replica(which) for which in ONE_REPLICA_RULES),
+        ),
+        vjp_known_mistakes=tuple(mistake(k) for k in spec.vjp_known_mistakes),
+        explain_wrong=None if spec.explain_wrong is None else explain,
+        min_received_bytes=least,
+        family_form=_composed(spec, one_each, lambda value, like, arrays: value),
+    )
+
+
+def replicas_option(*, least_received: Callable[..., int]) -> RegistrationOption:
+    """The registration option ``replicas`` of a MoE family whose least received rows are
+    ``least_received(expert_ids, placement)``."""
+    return RegistrationOption(
+        default=None,
+        accepts=lambda v: v is None or isinstance(v, ExpertReplicas),
+        expects="None or a conformance.ExpertReplicas",
+        doc="the kernel's rule for which replica of an expert hosted on several devices a row goes to "
+        "(conformance.ExpertReplicas: rule='sender' or 'token'); the replicated placement is then drawn. "
+        "None: it is given a placement of distinct experts only",
+        derive=lambda spec, replicas: with_replicas(spec, replicas, least_received=least_received),
     )
 
 

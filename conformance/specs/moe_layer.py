@@ -400,7 +400,10 @@ MOE_LAYER = FamilySpec(
     bench_dims=lambda rows: {**moe_routing.bench_dims(rows), "ffn": 128},
     # group_alignment is not an option here: where a layer's groups start is its own, invisible in its
     # result (each token's row), so nothing is held to it
-    registration_options={"capacity": moe_forms.capacity_option(least_received=_least_rows)},
+    registration_options={
+        "capacity": moe_forms.capacity_option(least_received=_least_rows),
+        "replicas": moe_forms.replicas_option(least_received=_least_rows),
+    },
 )
 
 #: This module's family (:mod:`conformance.specs` collects it).

@@ -65,6 +65,9 @@ ROUTINGS = (
     "place there)",
     "some choices unrouted (expert id -1, as a router that masks a choice or drops it past a capacity "
     "writes it), at any position of a token's row, some tokens with none routed",
+    "the hottest experts replicated on a second device (a placement with repeated expert ids, as an "
+    "expert-parallel load balancer builds; drawn only for a kernel that declares which replica a token "
+    "goes to, ExpertReplicas), each token's first choice one of them, its others drawn at random",
 )
 
 #: The expert id of a choice that goes nowhere: its row is sent to no device, and a combine adds
@@ -81,6 +84,10 @@ UNROUTED_CHOICES = 5
 #: The routing whose placement is shuffled (:func:`placement`); every other routing's is contiguous.
 SHUFFLED_PLACEMENT = 4
 
+#: The routing whose placement hosts its hottest experts twice (:func:`placement`, :class:`ExpertReplicas`):
+#: drawn only for a kernel that declares a replica rule.
+REPLICATED_EXPERTS = 6
+
 #: Expert ids and placement: one int32 each.
 ROUTING_ITEMSIZE = 4
 
@@ -95,13 +102,24 @@ def capacity(d: Dims, n: int) -> int:
     return n * d["tokens_per_shard"] * min(top_k(d, n), d["experts_per_device"])
 
 
+def replicated(d: Dims, n: int) -> int:
+    """``R``: how many experts the routing :data:`REPLICATED_EXPERTS` hosts twice (experts ``0 .. R-1``,
+    the hottest), a quarter of the ``n * X`` slots, at least one, leaving at least ``k`` experts; 0 on
+    any other routing, on a ring of one and where no expert can be spared."""
+    slots = n * d["experts_per_device"]
+    if d["routing"] != REPLICATED_EXPERTS or n < 2:
+        return 0
+    return max(0, min(max(1, slots // 4), slots - top_k(d, n)))
+
+
 def expert_ids(d: Dims, n: int) -> np.ndarray:
     """``[n*T, k]``: each token's distinct experts, in the router's order, for the dims' ``routing``
     (:data:`ROUTINGS`), from a generator seeded by the dims alone."""
     kind, t_per, x = d["routing"], d["tokens_per_shard"], d["experts_per_device"]
     if not 0 <= kind < len(ROUTINGS):
         raise ValueError(f"routing={kind} is not one of 0..{len(ROUTINGS) - 1} ({'; '.join(ROUTINGS)})")
-    k, e = top_k(d, n), n * x
+    hot = replicated(d, n)
+    k, e = top_k(d, n), n * x - hot
     rng = np.random.default_rng([kind, n, t_per, x, k, d["hidden"]])
     ids = np.zeros((n * t_per, k), dtype=np.int64)
     for t in range(n * t_per):
@@ -117,6 +135,8 @@ def expert_ids(d: Dims, n: int) -> np.ndarray:
         elif kind == 3:
             peer = (t // t_per + 1) % n
             first = list(peer * x + rng.permutation(x)[: min(k, x)])
+        elif hot:  # a replicated expert first, in turn
+            first = [t % hot]
         rest = [int(c) for c in rng.permutation(e) if c not in first]
         ids[t] = (first + rest)[:k]
     if kind == UNROUTED_CHOICES:
@@ -129,10 +149,15 @@ def expert_ids(d: Dims, n: int) -> np.ndarray:
 
 
 def placement(d: Dims, n: int) -> np.ndarray:
-    """``[n, X]``: the experts each device hosts: contiguous, or on the routing
-    :data:`SHUFFLED_PLACEMENT` a permutation of the ``E`` experts from a generator seeded by the dims
-    (never ``arange`` where there are two experts or more, so that no case of it is contiguous)."""
+    """``[n, X]``: the experts each device hosts: contiguous; on the routing :data:`SHUFFLED_PLACEMENT` a
+    permutation of the ``E`` experts from a generator seeded by the dims (never ``arange`` where there
+    are two experts or more, so that no case of it is contiguous); on :data:`REPLICATED_EXPERTS` the
+    ``n * X - R`` experts in order, then experts ``0 .. R-1`` again (:func:`replicated`), each of those on
+    two devices (its first slot is on device ``e // X``, its second past every expert's first)."""
     e = n * d["experts_per_device"]
+    hot = replicated(d, n)
+    if hot:  # every expert once, device-major, then experts 0 .. R-1 again in the last slots
+        return np.concatenate([np.arange(e - hot), np.arange(hot)]).reshape(n, -1)
     if d["routing"] != SHUFFLED_PLACEMENT or e < 2:
         return np.arange(e).reshape(n, -1)
     rng = np.random.default_rng([SHUFFLED_PLACEMENT, n, d["tokens_per_shard"], d["experts_per_device"]])
@@ -240,7 +265,8 @@ DIM_VALUES = {
     "experts_per_device": (1, 2, 3),
     "top_k": (1, 2, 4),
     "hidden": (1, 8, 128),
-    "routing": tuple(range(len(ROUTINGS))),
+    # the replicated placement only for a kernel that declares its replica rule (ExpertReplicas)
+    "routing": tuple(kind for kind in range(len(ROUTINGS)) if kind != REPLICATED_EXPERTS),
 }
 TPU_NATIVE_DIMS = {"tokens_per_shard": 32, "experts_per_device": 2, "top_k": 2, "hidden": 128, "routing": 0}
 
@@ -375,3 +401,67 @@ def capped(ids: np.ndarray, where: np.ndarray, capacity: ExpertCapacity) -> np.n
             if taken[expert] > room:
                 out[t, j] = UNROUTED
     return out
+
+
+#: :attr:`ExpertReplicas.rule`'s values: which of an expert's replicas a (token, choice) row goes to.
+REPLICA_RULES = ("sender", "token")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertReplicas:
+    """A MoE kernel's rule for an expert hosted on several devices, declared with
+    ``conformance.register(..., replicas=...)`` in the three MoE families: the placement may then name
+    an expert more than once (the routing :data:`REPLICATED_EXPERTS`, as an expert-parallel load
+    balancer replicates its hot experts), and each (token, choice) row routed to it goes to one of its
+    replicas, its ``r`` slots in placement order (device-major):
+
+    ``rule="sender"``: replica ``s % r`` for a token of device ``s`` (each device's rows to one replica,
+    a static balance by rank); ``rule="token"``: replica ``t % r`` for global token ``t`` (round robin over
+    the tokens). Each replica is an expert of its own in every other respect: its group of rows on its
+    device, in token order, and (a layer's) its own slot of the weights. A kernel that declares no rule
+    is never given a replicated placement.
+    """
+
+    rule: str = "sender"
+
+    def __post_init__(self) -> None:
+        if self.rule not in REPLICA_RULES:
+            raise ValueError(f"ExpertReplicas: rule must be one of {REPLICA_RULES}, got {self.rule!r}")
+
+    def describe(self) -> str:
+        whose = "device s's tokens to replica s % r" if self.rule == "sender" else "token t to replica t % r"
+        return f"an expert hosted r times takes {whose} (its slots in placement order)"
+
+
+#: The replica a row goes to where a kernel ignores its rule (:func:`physical`'s other ``rule`` values: a
+#: placement inverted by a scatter keeps one slot an expert, the same for every sender).
+ONE_REPLICA_RULES = ("first", "last")
+
+
+def physical(ids: np.ndarray, where: np.ndarray, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, where)`` of a placement that names an expert more than once, as every expert hosted once:
+    each (token, choice) row's expert id the slot ``rule`` picks (:attr:`ExpertReplicas.rule`, or one
+    of :data:`ONE_REPLICA_RULES`) of its expert's slots (flat positions in ``where``), the placement
+    ``arange``. A placement of distinct experts is returned as it is."""
+    flat = np.asarray(where).astype(np.int64).reshape(-1)
+    if np.unique(flat).size == flat.size:
+        return ids, where
+    n, t_per = where.shape[0], ids.shape[0] // where.shape[0]
+    slots_of = {int(e): np.nonzero(flat == e)[0] for e in np.unique(flat)}
+    pick = {
+        "sender": lambda t, r: (t // t_per) % r,
+        "token": lambda t, r: t % r,
+        "first": lambda t, r: 0,
+        "last": lambda t, r: r - 1,
+    }[rule]
+    out = np.full(ids.shape, UNROUTED, dtype=np.int64)
+    for (t, j), e in np.ndenumerate(np.asarray(ids).astype(np.int64)):
+        if e == UNROUTED:
+            continue
+        if e not in slots_of:
+            raise ValueError(f"expert {e} of token {t} is hosted nowhere in the placement {flat.tolist()}")
+        hosts = slots_of[e]
+        out[t, j] = hosts[pick(t, hosts.size)]
+    return out.astype(np.asarray(ids).dtype), np.arange(flat.size).reshape(n, -1).astype(
+        np.asarray(where).dtype
+    )

@@ -49,5 +49,6 @@ dense_moe_combine = conformance.register(
     "moe_combine",
     name="dense_moe_combine",
     differentiable=True,
+    replicas=conformance.ExpertReplicas("sender"),
     description="permute, a padded dense lax.all_to_all of T*min(k,X) rows a peer back, weighted sum",
 )(_combine("dense_moe_combine", dense_exchange))

@@ -49,5 +49,6 @@ dense_moe_dispatch = conformance.register(
     "moe_dispatch",
     name="dense_moe_dispatch",
     differentiable=True,
+    replicas=conformance.ExpertReplicas("sender"),
     description="sort, a padded dense lax.all_to_all of T*min(k,X) rows a peer, permute to expert-major",
 )(_dispatch("dense_moe_dispatch", dense_exchange))

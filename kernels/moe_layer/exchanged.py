@@ -109,5 +109,6 @@ dense_moe_layer = conformance.register(
     "moe_layer",
     name="dense_moe_layer",
     differentiable=True,
+    replicas=conformance.ExpertReplicas("sender"),
     description="dispatch and combine on a padded dense lax.all_to_all, the FFNs as two lax.ragged_dot",
 )(moe_layer("dense_moe_layer", dense_exchange))
