@@ -33,6 +33,8 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_rs_dma_before_the_barrier": "test_barrier_protocol",
     "broken_pallas_rs_leaves_a_send_unwaited": "test_races",
     "broken_pallas_hbm_rs_reuses_a_tile_still_being_written": "test_tpu_native_values",
+    "broken_pallas_hbm_rs_drops_the_last_partial_tile": "test_values",
+    "broken_pallas_hbm_rs_never_reads_the_received_tile": "test_values",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
     "broken_rs_rounds_partial_sums_each_hop": "clearly less accurate than the baseline",
@@ -51,6 +53,8 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_rs_dma_before_the_barrier": "barrier",
     "broken_pallas_rs_leaves_a_send_unwaited": "a semaphore has a nonzero count at kernel exit",
     "broken_pallas_hbm_rs_reuses_a_tile_still_being_written": "differ from the numpy float64 reference",
+    "broken_pallas_hbm_rs_drops_the_last_partial_tile": "values differ from the numpy float64 reference",
+    "broken_pallas_hbm_rs_never_reads_the_received_tile": "values differ from the numpy float64 reference",
 }
 #: The one case of its check the sweep runs where every case fails alike: each of the HBM twin's four
 #: TPU-native dtypes took 35-44 s to fail (its block map runs the interpreted ring again per ring
@@ -180,13 +184,17 @@ def broken_ar_each_device_sums_in_its_own_order(x, *, mesh, axis_name):
     )(x)
 
 
-def _pallas_ring_without(name: str, *, bidirectional: bool = True, hbm: bool = False, **protocol: bool):
-    """The built-in Pallas reduce-scatter ring (``hbm``: its HBM form) with one guard of its protocol
-    taken out."""
+def _pallas_ring_without(
+    name: str, *, bidirectional: bool = True, hbm: bool = False, tile_of=None, **protocol: bool
+):
+    """The built-in Pallas reduce-scatter ring (``hbm``: its HBM form, its tiles ``tile_of(rows)`` rows
+    where given) with one guard of its protocol taken out."""
 
     @conformance.register("reduce_scatter", name=name, pallas=True)
     def kernel(x, *, mesh, axis_name, interpret=False):
         def tile(rows, row_bytes):
+            if tile_of is not None:
+                return tile_of(rows)
             return pallas_hbm_ring.tile_rows(rows, row_bytes, dtype=x.dtype, interpret=bool(interpret))
 
         return pallas_ring.reduce_scatter(
@@ -229,6 +237,19 @@ broken_pallas_rs_leaves_a_send_unwaited = _pallas_ring_without(
 #: with a later tile's sums (a direction of three or more tiles), and its write-backs are left signalled.
 broken_pallas_hbm_rs_reuses_a_tile_still_being_written = _pallas_ring_without(
     "broken_pallas_hbm_rs_reuses_a_tile_still_being_written", hbm=True, tile_written_back=False
+)
+#: The HBM ring tiled by a sublane's 8 rows (its direction's rows where fewer) whether or not 8 divides
+#: them: the pipeline runs ``rows // 8`` tiles, and a direction's last rows past the last whole tile are
+#: never written. Right at every block of 8 rows or fewer; wrong at a multi-tile shape with a remainder
+#: (20 rows a device: 10 each way, one tile of 8 and 2 rows dropped).
+broken_pallas_hbm_rs_drops_the_last_partial_tile = _pallas_ring_without(
+    "broken_pallas_hbm_rs_drops_the_last_partial_tile", hbm=True, tile_of=lambda rows: min(rows, 8)
+)
+#: The HBM ring whose steps never read the received accumulator's tile in: each sum is this device's
+#: partial alone, as the Pallas TPU tutorial's HBM reduce-scatter, whose ``emit_pipeline`` adds into an
+#: output block it never reads in, keeps only the local partial.
+broken_pallas_hbm_rs_never_reads_the_received_tile = _pallas_ring_without(
+    "broken_pallas_hbm_rs_never_reads_the_received_tile", hbm=True, reads_received_tiles=False
 )
 
 

@@ -94,6 +94,10 @@ class Protocol:
     #: bidirectional reduce-scatter sends on its last step. Exact and race-free; one direction of
     #: every link carries a transfer more than the other. The VMEM kernel's only.
     extra_send_left: bool = False
+    #: The HBM kernel's, a defect: each step's tiles combine this device's partial with nothing, the
+    #: received accumulator's tile never read in, as an ``emit_pipeline`` that adds into an output block
+    #: it never reads in (the Pallas TPU tutorial's HBM reduce-scatter) keeps only the local partial.
+    reads_received_tiles: bool = True
 
 
 SAFE = Protocol()
@@ -216,7 +220,8 @@ def _ring_kernel(
                         if step >= 1:
                             sent[step - 1][k].wait_send()
                         dst = send.at[jnp.int32((step + 1) % IN_FLIGHT)]
-                    add_tiles(k, dst, recv.at[slot], x_ref.at[block(hop, step + 1)])
+                    received = recv.at[slot] if protocol.reads_received_tiles else None
+                    add_tiles(k, dst, received, x_ref.at[block(hop, step + 1)])
                     if step + IN_FLIGHT < every_step and protocol.credits:
                         pl.semaphore_signal(credit, 1, device_id=upstream)
                     continue
@@ -300,6 +305,8 @@ def refuse_what_a_tpu_cannot_do(name: str, cols: int) -> None:
 
 #: Rows a window of a packed (16- or 8-bit) HBM partial must be a multiple of before libtpu 0.0.42.
 PACKED_HBM_ROWS = 16
+#: Rows of a sublane tile: a window of a packed partial's block of more rows starts and ends on one.
+SUBLANES = 8
 
 
 def refuse_unaligned_hbm_rows(name: str, cuts: list[int], dtype: jnp.dtype) -> None:
@@ -312,7 +319,9 @@ def refuse_unaligned_hbm_rows(name: str, cuts: list[int], dtype: jnp.dtype) -> N
     - from 0.0.42 (0.0.42 and 0.0.50 alike) each direction must start on a multiple of the packing (2
       rows of 16-bit, 4 of 8-bit) and span a multiple of it or one row ("Slice sizes along tiled
       dimensions must be aligned to tiles ... divisible by the tile dimension 4"): bfloat16 blocks of 2
-      and 5 rows and float8 blocks of 2, 3 and 5 are refused."""
+      and 5 rows and float8 blocks of 2, 3 and 5 are refused; and a block of more than one sublane
+      tile (8 rows) is cut only at multiples of 8 (bfloat16 20 rows, 10 a direction: "... divisible by
+      the tile dimension 8")."""
     libtpu, itemsize = tpu_compiler.libtpu_in_use(), jnp.dtype(dtype).itemsize
     if itemsize >= 4:
         return
@@ -323,6 +332,15 @@ def refuse_unaligned_hbm_rows(name: str, cuts: list[int], dtype: jnp.dtype) -> N
     else:
         refused = any(s % packing or (r % packing and r != 1) for s, r in zip(starts, cuts, strict=True))
         rule = f"a multiple of {packing} (or one row) from a multiple of {packing}"
+        if (
+            not refused
+            and sum(cuts) > SUBLANES
+            and any(s % SUBLANES or r % SUBLANES for s, r in zip(starts, cuts, strict=True))
+        ):
+            refused, rule = (
+                True,
+                f"a multiple of {SUBLANES} from a multiple of {SUBLANES} (a block of several tiles)",
+            )
     if refused:
         mosaic.refuse(
             f"{name}: on a TPU (libtpu {'.'.join(map(str, libtpu))}) the {jnp.dtype(dtype).name} partials' "
