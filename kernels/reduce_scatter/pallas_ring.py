@@ -305,8 +305,10 @@ def refuse_what_a_tpu_cannot_do(name: str, cols: int) -> None:
 
 #: Rows a window of a packed (16- or 8-bit) HBM partial must be a multiple of before libtpu 0.0.42.
 PACKED_HBM_ROWS = 16
-#: Rows of a sublane tile: a window of a packed partial's block of more rows starts and ends on one.
+#: Rows of a sublane tile: before libtpu :data:`WINDOWS_ACROSS_TILES` a window of a packed partial's
+#: block of more rows starts and ends on one.
 SUBLANES = 8
+WINDOWS_ACROSS_TILES = (0, 0, 50)
 
 
 def refuse_unaligned_hbm_rows(name: str, cuts: list[int], dtype: jnp.dtype) -> None:
@@ -319,9 +321,9 @@ def refuse_unaligned_hbm_rows(name: str, cuts: list[int], dtype: jnp.dtype) -> N
     - from 0.0.42 (0.0.42 and 0.0.50 alike) each direction must start on a multiple of the packing (2
       rows of 16-bit, 4 of 8-bit) and span a multiple of it or one row ("Slice sizes along tiled
       dimensions must be aligned to tiles ... divisible by the tile dimension 4"): bfloat16 blocks of 2
-      and 5 rows and float8 blocks of 2, 3 and 5 are refused; and a block of more than one sublane
-      tile (8 rows) is cut only at multiples of 8 (bfloat16 20 rows, 10 a direction: "... divisible by
-      the tile dimension 8")."""
+      and 5 rows and float8 blocks of 2, 3 and 5 are refused; and before 0.0.50 a block of more than
+      one sublane tile (8 rows) is cut only at multiples of 8 (libtpu 0.0.42 on bfloat16 blocks of 20
+      rows, 10 a direction: "... divisible by the tile dimension 8"; 0.0.50 compiles them)."""
     libtpu, itemsize = tpu_compiler.libtpu_in_use(), jnp.dtype(dtype).itemsize
     if itemsize >= 4:
         return
@@ -334,6 +336,7 @@ def refuse_unaligned_hbm_rows(name: str, cuts: list[int], dtype: jnp.dtype) -> N
         rule = f"a multiple of {packing} (or one row) from a multiple of {packing}"
         if (
             not refused
+            and libtpu < WINDOWS_ACROSS_TILES
             and sum(cuts) > SUBLANES
             and any(s % SUBLANES or r % SUBLANES for s, r in zip(starts, cuts, strict=True))
         ):
