@@ -24,7 +24,7 @@ import difflib
 import fnmatch
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from conformance import dtypes as dtypes_lib
@@ -107,6 +107,10 @@ class Implementation:
     #: The family's own registration keywords (its spec's ``registration_options``), every one
     #: present: what it passed, else the option's default.
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: One point of the tuning space it declared (``configs=``): the keywords it is called with, and
+    #: the name it was registered under (its configurations' names are ``NAME.key.value...``).
+    config: tuple[tuple[str, Any], ...] = ()
+    configured_from: str = ""
 
     @property
     def other_reductions(self) -> tuple[str, ...]:
@@ -209,6 +213,7 @@ def register(
     platforms: tuple[str, ...] | None = None,
     supports: Supports | None = None,
     requires: tuple[str, ...] = (),
+    configs: Sequence[Mapping[str, object]] = (),
     **options: object,
 ) -> Callable[[F], F]:
     """Register ``fn`` as an implementation of ``family`` under ``name``; returns ``fn`` unchanged.
@@ -237,6 +242,10 @@ def register(
     (:func:`multiples_of` builds the common one). The checks run on the cases it claims
     (draws and fixed shapes adapt) and report the others as not claimed. ``requires`` names
     modules it imports at run time (its checks skip, naming the module, where one is missing).
+
+    ``configs``: the kernel's tuning space (tile sizes, steps in flight), each a mapping of keywords it
+    takes: every configuration is registered, and checked, as an implementation of its own, named
+    ``NAME.key.value`` (``my_rs.tile_rows.8``); ``--impl=NAME`` selects them all.
 
     ``options``: the keywords the family's spec adds (``registration_options``), e.g. the
     point-to-point family's ``accepts_timeout=True`` (opts into the timeout check) and
@@ -279,10 +288,16 @@ def register(
             f"register({family!r}, name={name!r}): requires must be a tuple of module names, got {requires!r}"
         )
     options = _family_options(family, name, options)
+    points = _configs(family, name, configs)
 
     def decorator(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"register({family!r}, name={name!r}) needs a callable, got {fn!r}")
+        for config in points or ((),):
+            _enter(config_name(name, config), configured(fn, config), config)
+        return fn
+
+    def _enter(name: str, fn: Callable[..., Any], config: tuple[tuple[str, Any], ...]) -> None:
         impl = Implementation(
             family,
             name,
@@ -292,7 +307,7 @@ def register(
             ahead_of_compiler=ahead_of_compiler,
             unpaced=unpaced,
             bidirectional=bool(bidirectional),
-            description=description,
+            description=description + (f" (configuration {dict(config)})" if config else ""),
             pallas=pallas,
             lowering_targets=tuple(lowering_targets),
             differentiable=differentiable,
@@ -302,6 +317,8 @@ def register(
             registered_by=registered_by,
             requires=tuple(requires),
             options=options,
+            config=config,
+            configured_from=registered_name if config else "",
         )
         existing = _REGISTRY.setdefault(family, {}).get(name)
         if existing is not None and existing.fn is not fn:
@@ -315,9 +332,52 @@ def register(
                     f"(from {existing.module}); pick another name for {impl.module}"
                 )
         _REGISTRY[family][name] = impl
+
+    registered_name = name
+    return decorator
+
+
+def _configs(family: str, name: str, configs: object) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """``configs`` checked: a sequence of mappings of keyword names to non-negative ints, bools or
+    names (what goes into an implementation's name), each distinct."""
+    where = f"register({family!r}, name={name!r})"
+    if isinstance(configs, (str, Mapping)) or not isinstance(configs, Sequence):
+        raise TypeError(f"{where}: configs must be a sequence of dicts of keywords, got {configs!r}")
+    points = []
+    for config in configs:
+        if not isinstance(config, Mapping) or not config:
+            raise TypeError(f"{where}: each config must be a non-empty dict of keywords, got {config!r}")
+        for key, value in config.items():
+            ok = type(value) is bool or (type(value) is int and value >= 0)
+            ok = ok or (isinstance(value, str) and value.replace("_", "").isalnum())
+            if not (isinstance(key, str) and key.isidentifier()) or not ok:
+                raise TypeError(
+                    f"{where}: config {dict(config)!r}: each key must be a keyword name and each value a "
+                    f"non-negative int, a bool or a name (it goes into the implementation's name), got "
+                    f"{key!r}: {value!r}"
+                )
+        points.append(tuple(config.items()))
+    if len(set(points)) != len(points):
+        raise ValueError(f"{where}: configs repeat one: {[dict(p) for p in points]}")
+    return tuple(points)
+
+
+def config_name(name: str, config: tuple[tuple[str, Any], ...]) -> str:
+    """The name a configuration of ``name`` is registered under: ``name.tile_rows.8`` (every key and
+    value in order; ``name`` itself where there is none)."""
+    return ".".join([name, *(f"{key}.{value}" for key, value in config)])
+
+
+def configured(fn: Callable[..., Any], config: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
+    """``fn`` called with ``config``'s keywords besides the suite's (``fn`` itself where there are none)."""
+    if not config:
         return fn
 
-    return decorator
+    @functools.wraps(fn)
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **dict(config), **kwargs)
+
+    return kernel
 
 
 def _caller_module() -> str:
@@ -347,7 +407,11 @@ def registered(family: str, pattern: str | None = None) -> list[Implementation]:
     impls = sorted(_REGISTRY.get(family, {}).values(), key=lambda i: i.name)
     if pattern:
         globs = [p.strip() for p in pattern.split(",") if p.strip()]
-        impls = [i for i in impls if any(fnmatch.fnmatchcase(i.name, g) for g in globs)]
+        impls = [
+            i
+            for i in impls
+            if any(fnmatch.fnmatchcase(i.name, g) or fnmatch.fnmatchcase(i.configured_from, g) for g in globs)
+        ]
     return impls
 
 

@@ -33,7 +33,7 @@ EXPECTED_REJECTION: dict[str, str] = {
     "broken_pallas_rs_dma_before_the_barrier": "test_barrier_protocol",
     "broken_pallas_rs_leaves_a_send_unwaited": "test_races",
     "broken_pallas_hbm_rs_reuses_a_tile_still_being_written": "test_tpu_native_values",
-    "broken_pallas_hbm_rs_drops_the_last_partial_tile": "test_values",
+    "broken_pallas_hbm_rs_tiled_by_config.tile_rows.8": "test_values",
     "broken_pallas_hbm_rs_never_reads_the_received_tile": "test_values",
 }
 EXPECTED_MESSAGE: dict[str, str] = {
@@ -53,7 +53,7 @@ EXPECTED_MESSAGE: dict[str, str] = {
     "broken_pallas_rs_dma_before_the_barrier": "barrier",
     "broken_pallas_rs_leaves_a_send_unwaited": "a semaphore has a nonzero count at kernel exit",
     "broken_pallas_hbm_rs_reuses_a_tile_still_being_written": "differ from the numpy float64 reference",
-    "broken_pallas_hbm_rs_drops_the_last_partial_tile": "values differ from the numpy float64 reference",
+    "broken_pallas_hbm_rs_tiled_by_config.tile_rows.8": "values differ from the numpy float64 reference",
     "broken_pallas_hbm_rs_never_reads_the_received_tile": "values differ from the numpy float64 reference",
 }
 #: The one case of its check the sweep runs where every case fails alike: each of the HBM twin's four
@@ -65,8 +65,10 @@ EXPECTED_ON: dict[str, str] = {
     # every ring longer than one for the tile never read in, the mesh whose draw is 20 rows for the
     # dropped remainder
     "broken_pallas_hbm_rs_never_reads_the_received_tile": "5-x-explicit",
-    "broken_pallas_hbm_rs_drops_the_last_partial_tile": "2x4-y-auto-v5e",
+    "broken_pallas_hbm_rs_tiled_by_config.tile_rows.8": "2x4-y-auto-v5e",
 }
+#: A configuration of a declared tuning space that is right: the checks it must pass.
+EXPECTED_PASS: dict[str, set[str]] = {"broken_pallas_hbm_rs_tiled_by_config.tile_rows.1": {"test_values"}}
 
 
 def _reduce_scatter(per_device, x, mesh, axis_name):
@@ -243,13 +245,31 @@ broken_pallas_rs_leaves_a_send_unwaited = _pallas_ring_without(
 broken_pallas_hbm_rs_reuses_a_tile_still_being_written = _pallas_ring_without(
     "broken_pallas_hbm_rs_reuses_a_tile_still_being_written", hbm=True, tile_written_back=False
 )
-#: The HBM ring tiled by a sublane's 8 rows (its direction's rows where fewer) whether or not 8 divides
-#: them: the pipeline runs ``rows // 8`` tiles, and a direction's last rows past the last whole tile are
-#: never written. Right at every block of 8 rows or fewer; wrong at a multi-tile shape with a remainder
-#: (20 rows a device: 10 each way, one tile of 8 and 2 rows dropped).
-broken_pallas_hbm_rs_drops_the_last_partial_tile = _pallas_ring_without(
-    "broken_pallas_hbm_rs_drops_the_last_partial_tile", hbm=True, tile_of=lambda rows: min(rows, 8)
+
+
+#: The HBM ring with a tuning space of its tile (``configs=``): each configuration an implementation of its
+#: own. ``tile_rows=1`` divides every block; ``tile_rows=8`` tiles by a sublane's 8 rows (a direction's rows
+#: where fewer) whether or not 8 divides them: the pipeline runs ``rows // 8`` tiles, and a direction's
+#: rows past the last whole tile are never written. Right at every block of 8 rows or fewer; wrong at a
+#: multi-tile shape with a remainder (20 rows a device: 10 each way, one tile of 8 and 2 rows dropped).
+@conformance.register(
+    "reduce_scatter",
+    name="broken_pallas_hbm_rs_tiled_by_config",
+    pallas=True,
+    configs=({"tile_rows": 1}, {"tile_rows": 8}),
 )
+def broken_pallas_hbm_rs_tiled_by_config(x, *, mesh, axis_name, tile_rows: int, interpret=False):
+    return pallas_ring.reduce_scatter(
+        x,
+        mesh=mesh,
+        axis_name=axis_name,
+        interpret=interpret,
+        bidirectional=True,
+        name=f"broken_pallas_hbm_rs_tiled_by_config.tile_rows.{tile_rows}",
+        tile=lambda rows, row_bytes: min(rows, tile_rows),
+    )
+
+
 #: The HBM ring whose steps never read the received accumulator's tile in: each sum is this device's
 #: partial alone, as the Pallas TPU tutorial's HBM reduce-scatter, whose ``emit_pipeline`` adds into an
 #: output block it never reads in, keeps only the local partial.

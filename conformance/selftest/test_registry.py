@@ -128,3 +128,40 @@ def test_test_ids_name_the_implementation_and_platforms_carry_markers() -> None:
     assert ids and all("ring_allgather_matmul_unidirectional" in i for i in ids)
     assert all(i.endswith("-tpu]") or any(t in i for t in tier) for i in ids), ids
     assert any(i.endswith("-tpu]") for i in ids) and any("::test_tpu_schedule[" in i for i in ids), ids
+
+
+def test_a_tuning_space_registers_each_configuration_as_an_implementation() -> None:
+    """``configs=``: each configuration is an implementation of its own, named by its keywords, called
+    with them; ``--impl``'s glob on the name registered selects them all; bad configurations are refused
+    naming what each must be."""
+    calls = []
+
+    def kernel(x, *, mesh, axis_name, tile_rows, in_flight=1):
+        calls.append((tile_rows, in_flight))
+        return x
+
+    conformance.register(
+        "all_gather", name="selftest_tuned", configs=({"tile_rows": 8}, {"tile_rows": 16, "in_flight": 2})
+    )(kernel)
+    try:
+        names = [i.name for i in registry.registered("all_gather", "selftest_tuned")]
+        assert names == ["selftest_tuned.tile_rows.16.in_flight.2", "selftest_tuned.tile_rows.8"]
+        assert "selftest_tuned" not in registry.implementations("all_gather")
+        tuned = registry.get("all_gather", "selftest_tuned.tile_rows.8")
+        assert tuned.config == (("tile_rows", 8),) and tuned.configured_from == "selftest_tuned"
+        tuned.fn(0, mesh=None, axis_name="x")
+        registry.get("all_gather", "selftest_tuned.tile_rows.16.in_flight.2").fn(0, mesh=None, axis_name="x")
+        assert calls == [(8, 1), (16, 2)]
+    finally:
+        for name in ("selftest_tuned.tile_rows.8", "selftest_tuned.tile_rows.16.in_flight.2"):
+            registry._REGISTRY["all_gather"].pop(name, None)
+    for bad, said in (
+        ({"tile_rows": 8}, "configs must be a sequence of dicts"),
+        (({},), "non-empty dict"),
+        (({"tile rows": 8},), "each key must be a keyword name"),
+        (({"tile_rows": -8},), "non-negative int"),
+        (({"tile_rows": 0.5},), "non-negative int"),
+        (({"tile_rows": 8}, {"tile_rows": 8}), "configs repeat one"),
+    ):
+        with pytest.raises((TypeError, ValueError), match=said):
+            conformance.register("all_gather", name="selftest_badly_tuned", configs=bad)

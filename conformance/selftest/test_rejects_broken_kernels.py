@@ -78,6 +78,7 @@ EXPECTED_ON = {k: v for module in BROKEN for k, v in getattr(module, "EXPECTED_O
 EXPECTED_PASS = {
     **other_style_kernels.EXPECTED_PASS,
     **broken_moe_kernels.EXPECTED_PASS,
+    **broken_reduction_kernels.EXPECTED_PASS,
     **broken_moe_layer_kernels.EXPECTED_PASS,
 }
 #: A skip for what this host cannot try (never a failure): a kernel it cannot lower for TPU, or no
@@ -224,7 +225,7 @@ HANG_TIMEOUT_S = 10
 #: (``python -m conformance launch``); a Pallas check, which interpret mode cannot run across
 #: processes, is then skipped with that reason and its kernel's rejection reported as skipped.
 LAUNCH = os.environ.get("CONFORMANCE_SELFTEST_LAUNCH", "")
-_ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w-]+?)-(?P<rest>.*)\]$")
+_ID = re.compile(r"^(?P<test>test_\w+)\[(?P<impl>[\w.-]+?)-(?P<rest>.*)\]$")
 #: ``CONFORMANCE_BUILTIN_VERDICTS=FILE[:FILE...]`` (the selftest env: the cpu and tpu-compile envs'
 #: JUnit files): the built-ins' verdicts from runs of them, taken instead of running them again where
 #: every file holds this tree's and this JAX's digest (:mod:`conformance.reports.provenance`) and
