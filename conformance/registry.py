@@ -294,10 +294,12 @@ def register(
         if not callable(fn):
             raise TypeError(f"register({family!r}, name={name!r}) needs a callable, got {fn!r}")
         for config in points or ((),):
-            _enter(config_name(name, config), configured(fn, config), config)
+            _enter(config_name(name, config), configured(fn, config), config, name if config else "")
         return fn
 
-    def _enter(name: str, fn: Callable[..., Any], config: tuple[tuple[str, Any], ...]) -> None:
+    def _enter(
+        name: str, fn: Callable[..., Any], config: tuple[tuple[str, Any], ...], configured_from: str
+    ) -> None:
         impl = Implementation(
             family,
             name,
@@ -318,7 +320,7 @@ def register(
             requires=tuple(requires),
             options=options,
             config=config,
-            configured_from=registered_name if config else "",
+            configured_from=configured_from,
         )
         existing = _REGISTRY.setdefault(family, {}).get(name)
         if existing is not None and existing.fn is not fn:
@@ -333,7 +335,6 @@ def register(
                 )
         _REGISTRY[family][name] = impl
 
-    registered_name = name
     return decorator
 
 
