@@ -234,16 +234,24 @@ BUILTIN_VERDICTS = [
     Path(p) for p in os.environ.get("CONFORMANCE_BUILTIN_VERDICTS", "").split(os.pathsep) if p
 ]
 
-#: ``CONFORMANCE_SWEEP_CATCHES=FILE`` (tox.ini: the selftest env writes it, the JAX-end envs read it).
-#: A sweep that ran every broken kernel's check on the whole subset writes there, for each kernel, the
-#: first mesh of the subset on which that check rejected it, under this tree's digest
-#: (:func:`conformance.reports.provenance.tree_digest`: the suite's files, not the JAX they ran on). A
-#: sweep of scope ``versions`` that finds that file made by this very tree runs each broken kernel's
-#: check on that mesh alone: the question there is whether this JAX still lets the check see the defect,
-#: which one case where it shows answers; where it is seen is the selftest env's question, asked on the
-#: whole subset. A kernel the file does not name (a new one, a mesh-less check) runs on the whole subset.
+#: Where each broken kernel's check catches it: for each, the first mesh of the subset (in
+#: :data:`SUBSET_MESHES`' order) on which that check rejected it in a sweep over the whole subset. Every
+#: sweep runs each broken kernel's check on that mesh alone: the question is whether the check still sees
+#: the defect, which one case where it shows answers; on the subset's other meshes it repeats a verdict at
+#: a few seconds a case. A kernel the file does not name (a new one, a mesh-less check) runs on the whole
+#: subset. A declared mesh that no longer catches its kernel fails that kernel's self-test, saying how to
+#: find where it is caught now: ``CONFORMANCE_SWEEP=whole`` runs every kernel on the whole subset, and
+#: with ``CONFORMANCE_SWEEP_CATCHES=FILE`` writes the catches it saw to ``FILE`` (this file, to rewrite it).
+CATCHES_FILE = Path(__file__).with_name("sweep_catches.json")
+SWEEP = os.environ.get("CONFORMANCE_SWEEP", "cover")
+if SWEEP not in ("cover", "whole"):
+    raise ValueError(f"CONFORMANCE_SWEEP={SWEEP!r}: expected 'cover' or 'whole'")
 SWEEP_CATCHES = (
     Path(os.environ["CONFORMANCE_SWEEP_CATCHES"]) if os.environ.get("CONFORMANCE_SWEEP_CATCHES") else None
+)
+REWRITE_CATCHES = (
+    f"CONFORMANCE_SWEEP=whole CONFORMANCE_SWEEP_CATCHES={CATCHES_FILE.relative_to(ROOT)} "
+    f"pytest {Path(__file__).relative_to(ROOT)}"
 )
 #: The broken kernels each scope runs on the whole subset: those whose self-tests below count their
 #: outcomes over it (the odd shape's failures, bad inputs' meshes, the watchdog's one hang, the overlap
@@ -333,39 +341,29 @@ def catching_meshes(reports: list[Path]) -> dict[str, str]:
 
 
 def write_catches(path: Path, catches: dict[str, str]) -> None:
-    """Write ``catches`` (:func:`catching_meshes`) to ``path`` under this tree's digest, whole or not
-    at all."""
+    """Write ``catches`` (:func:`catching_meshes`) to ``path``, whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps({"tree": provenance.tree_digest(), "catches": catches}, indent=1) + "\n")
+    partial.write_text(json.dumps({"catches": dict(sorted(catches.items()))}, indent=1) + "\n")
     partial.replace(path)
 
 
-def catches_of_an_earlier_sweep(path: Path | None) -> tuple[dict[str, str] | None, str]:
-    """The catching meshes an earlier sweep of this very tree wrote to ``path`` and where they came from;
-    ``None`` and why not where there is no such file or another tree made it."""
-    if path is None:
-        return None, "no earlier sweep named (CONFORMANCE_SWEEP_CATCHES)"
-    if not path.is_file():
-        return None, f"{path} does not exist"
+def declared_catches(path: Path | None = None) -> dict[str, str]:
+    """The catching mesh of each broken kernel that ``path`` (default :data:`CATCHES_FILE`) declares;
+    a file that holds anything else raises, naming it."""
+    path = path or CATCHES_FILE
     try:
-        document = json.loads(path.read_text())
-    except ValueError as e:
-        return None, f"{path} is not a sweep's catches ({e})"
-    if not isinstance(document, dict) or document.get("tree") != provenance.tree_digest():
-        return None, f"{path} was made by other code"
-    catches = document.get("catches")
+        catches = json.loads(path.read_text()).get("catches")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path} is not a sweep's catches ({e}); {REWRITE_CATCHES} writes it") from e
     if not isinstance(catches, dict) or not all(m in SUBSET_MESHES for m in catches.values()):
-        return None, f"{path} holds no meshes of the subset: {str(catches)[:200]}"
-    return catches, str(path)
+        raise ValueError(f"{path} holds meshes outside the subset: {str(catches)[:200]}; {REWRITE_CATCHES}")
+    return catches
 
 
 def narrowed_to_its_catch(impl: str) -> bool:
     """Whether this sweep runs broken kernel ``impl``'s check on its catching mesh alone."""
-    if SCOPE != "versions" or impl in WHOLE_SUBSET:
-        return False
-    catches, _ = catches_of_an_earlier_sweep(SWEEP_CATCHES)
-    return catches is not None and impl in catches
+    return SWEEP == "cover" and impl not in WHOLE_SUBSET and impl in declared_catches()
 
 
 def _pallas_kernels() -> set[str]:
@@ -423,18 +421,18 @@ def suite_run(tmp_dir: str) -> tuple[Verdicts, str, str, str]:
     """{impl: {test: [(outcome, message), ...]}} from the sweep's runs of the conformance suite, their
     output, where the built-ins' verdicts came from (the earlier runs :data:`BUILTIN_VERDICTS`
     names, where they hold; else these runs, and why), and where each broken kernel's check ran (the
-    whole subset, or in scope ``versions`` the meshes :data:`SWEEP_CATCHES` holds, where it holds). Its
+    mesh :data:`CATCHES_FILE` declares for it, or the whole subset). Its
     three runs go at once, as three processes (one, in a job of :data:`LAUNCH`): the self-tests' other
-    worker runs the rest beside them. A run on the whole subset writes its catches to
-    :data:`SWEEP_CATCHES` where that is set."""
+    worker runs the rest beside them. A run on the whole subset (``CONFORMANCE_SWEEP=whole``) writes its
+    catches to :data:`SWEEP_CATCHES` where that is set."""
     earlier, source = builtin_verdicts_of_earlier_runs(BUILTIN_VERDICTS) if SCOPE == "full" else (None, "")
     if earlier is None:
         source = f"run by the sweep itself: {source or 'CONFORMANCE_SELFTEST_SCOPE=versions'}"
-    catches, cover = catches_of_an_earlier_sweep(SWEEP_CATCHES) if SCOPE == "versions" else (None, "")
+    catches = declared_catches() if SWEEP == "cover" else None
     cover = (
-        f"each broken kernel on the mesh where the sweep at {cover} caught it"
+        f"each broken kernel on the mesh {CATCHES_FILE.name} declares for it, the others on the whole subset"
         if catches is not None
-        else f"the whole subset{f' ({cover})' if cover else ''}"
+        else "the whole subset (CONFORMANCE_SWEEP=whole)"
     )
     selections = sweep_selections(builtins=SCOPE == "full" and earlier is None, catches=catches)
     if LAUNCH:
@@ -576,8 +574,9 @@ def test_broken_kernel_rejected_by_its_check(suite, verdicts, impl: str, record_
     if outcomes and all(_host_limited(o) for o in outcomes):
         # on the whole subset no mesh could judge it here; narrowed to its catching mesh, another might
         assert not narrowed_to_its_catch(impl), (
-            f"{impl}: {check} ran on its catching mesh alone ({suite[3]}), which this host cannot judge at "
-            f"this JAX ({outcomes[0][1][:300]}): add it to WHOLE_SUBSET, which runs it on the whole subset"
+            f"{impl}: {check} ran on its catching mesh alone ({declared_catches()[impl]}), which this host "
+            f"cannot judge at this JAX ({outcomes[0][1][:300]}): add it to WHOLE_SUBSET, which runs it on "
+            "the whole subset"
         )
         pytest.skip(f"{impl}: {check}: {outcomes[0][1]}")
     failures = [msg for outcome, msg in outcomes if outcome == "failed"]
@@ -592,9 +591,13 @@ def test_broken_kernel_rejected_by_its_check(suite, verdicts, impl: str, record_
         ]
         assert len(hangs) == 1, hangs
         check, failures = hangs[0][0], [hangs[0][1]]
-    assert failures, (
-        f"{impl} should fail {check}, but its outcomes were {[o for o, _ in outcomes]} (run on {suite[3]})"
+    narrowed = (
+        f" on {declared_catches()[impl]}, the mesh {CATCHES_FILE.name} declares it caught on; where it is "
+        f"caught now: {REWRITE_CATCHES}"
+        if narrowed_to_its_catch(impl)
+        else f" (run on {suite[3]})"
     )
+    assert failures, f"{impl} should fail {check}, but its outcomes were {[o for o, _ in outcomes]}{narrowed}"
     message = failures[0]
     check_name = check.removeprefix("test_")
     for needed in (
@@ -732,12 +735,15 @@ def test_earlier_verdicts_are_taken_only_from_this_tree_s_run_of_every_builtin_t
     assert absent is None and "does not exist" in why, why
 
 
-def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_kernel(
+def test_the_sweep_runs_each_kernel_on_its_declared_catch_and_narrows_no_counted_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The JAX ends run a broken kernel's check on the mesh where this very tree's sweep caught it: the
-    first mesh of the subset it failed on, never one it passed on; never from a file of other code; and
-    never for a kernel whose self-tests count its outcomes over the whole subset, nor a hanging one."""
+    """A sweep over the whole subset finds each broken kernel's catching mesh: the first mesh of the
+    subset its check failed it on, never one it passed on. Every sweep runs a kernel on the mesh the
+    committed file declares for it, never a kernel whose self-tests count its outcomes over the whole
+    subset, nor a hanging one; the file names only broken kernels of this suite, on meshes of the subset."""
+    committed = declared_catches()
+    assert set(committed) <= set(EXPECTED_REJECTION), sorted(set(committed) - set(EXPECTED_REJECTION))
     report = tmp_path / "sweep.xml"
     cases = [
         ("broken_ring_wrong_slot", "test_values", "8-x-auto-cpu", True),
@@ -760,15 +766,11 @@ def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_k
     assert catches == {"broken_ring_wrong_slot": "5-x-explicit", ODD_ROWS: "5-x-explicit"}, catches
     path = tmp_path / "catches.json"
     write_catches(path, catches)
-    assert catches_of_an_earlier_sweep(path) == (catches, str(path))
-    path.write_text(json.dumps({"tree": "0" * 64, "catches": catches}))
-    stale, why = catches_of_an_earlier_sweep(path)
-    assert stale is None and "other code" in why, why
-    absent, why = catches_of_an_earlier_sweep(tmp_path / "absent.json")
-    assert absent is None and "does not exist" in why, why
-    path.write_text(json.dumps({"tree": provenance.tree_digest(), "catches": {"x": "9-x-auto"}}))
-    garbled, why = catches_of_an_earlier_sweep(path)
-    assert garbled is None and "no meshes of the subset" in why, why
+    assert declared_catches(path) == catches
+    for garbled in ('{"catches": {"x": "9-x-auto"}}', "[]", "not json"):
+        path.write_text(garbled)
+        with pytest.raises(ValueError, match="CONFORMANCE_SWEEP=whole"):
+            declared_catches(path)
     selected = " ".join(sweep_selections(builtins=False, catches=catches))
     assert "(broken_ring_wrong_slot and test_values and -5-x-explicit)" in selected, selected
     assert f"({ODD_ROWS} and test_values)" in selected and f"{ODD_ROWS} and test_values and -" not in selected
@@ -776,9 +778,8 @@ def test_a_sweep_s_catches_are_taken_only_from_this_tree_and_narrow_no_counted_k
     assert "(broken_ring_wrong_slot and test_values)" in whole, whole
     # where a narrowed kernel's one case cannot be judged here, its test fails rather than skips
     write_catches(path, {**catches, **dict.fromkeys(HANGING, "5-x-explicit")})
-    monkeypatch.setitem(globals(), "SWEEP_CATCHES", path)
-    monkeypatch.setitem(globals(), "SCOPE", "versions")
+    monkeypatch.setitem(globals(), "CATCHES_FILE", path)
     assert narrowed_to_its_catch("broken_ring_wrong_slot")
-    assert not any(narrowed_to_its_catch(impl) for impl in (ODD_ROWS, *HANGING))
-    monkeypatch.setitem(globals(), "SCOPE", "full")
+    assert not any(narrowed_to_its_catch(impl) for impl in (ODD_ROWS, *HANGING, "broken_not_declared"))
+    monkeypatch.setitem(globals(), "SWEEP", "whole")
     assert not narrowed_to_its_catch("broken_ring_wrong_slot")
