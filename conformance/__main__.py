@@ -134,6 +134,14 @@ def _main(argv: list[str]) -> int:
         case = Case.from_token(args.family, args.impl, args.case, platform=args.platform)
     except ValueError as e:
         raise command_line.UsageError(f"cannot replay: {e}") from e
+    from conformance.fixtures.devices import devices_of
+
+    available = len(devices_of(args.platform))
+    if case.mesh.num_devices > available:  # the host's limit, not the kernel's: never run
+        raise command_line.UsageError(
+            f"cannot replay: {case.mesh.label} needs {case.mesh.num_devices} devices; this host has "
+            f"{available} {args.platform} device{'s' * (available != 1)}"
+        )
     print("\n".join(case.describe()))
     bounds = {field: getattr(args, field.removesuffix("_s")) for field in TIME_BOUNDS}
     try:

@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from conformance import compat, dtypes, interpreted_kernels, registry, tolerances, watchdog
-from conformance.fixtures.meshes import MeshConfig, build_mesh, parse_mesh
+from conformance import case_tokens, compat, dtypes, interpreted_kernels, registry, tolerances, watchdog
+from conformance.case_tokens import DMA_MODES
+from conformance.fixtures.meshes import MeshConfig, build_mesh
 from conformance.specs.base import FamilySpec
 from conformance.targets import mosaic, tpu_compiler
 
@@ -101,22 +102,17 @@ class Case:
 
     @classmethod
     def from_token(cls, family: str, impl: str, token: str, *, platform: str = "cpu") -> Case:
-        try:
-            mesh_label, dims_text, dtype, seed_text, *rest = token.split(":")
-            dims = dict((k, int(v)) for k, v in (kv.split("=") for kv in dims_text.split(",")))
-            seed = int(seed_text.removeprefix("seed="))
-            dma_mode = rest[0].removeprefix("dma=") if rest else None
-        except ValueError as e:
-            expected = "MESH:DIM=V,...:DTYPE:seed=S[:dma=MODE]"
-            raise ValueError(f"bad case token {token!r}; expected {expected}") from e
         spec = registry.spec_of(family, impl)
-        if dtype not in spec.dtypes:
-            known = spec.dtypes
-            raise ValueError(f"bad case token {token!r}: dtype {dtype!r} is not one of {family}'s {known}")
-        if set(dims) != set(spec.dims):
-            raise ValueError(f"bad case token {token!r}: {family}'s dims are {', '.join(spec.dims)}")
+        read = case_tokens.parse(token, spec)
         case = cls.make(
-            family, impl, parse_mesh(mesh_label), dims, dtype, platform=platform, seed=seed, dma_mode=dma_mode
+            family,
+            impl,
+            read.mesh,
+            read.dims,
+            read.dtype,
+            platform=platform,
+            seed=read.seed,
+            dma_mode=read.dma_mode,
         )
         # A dim the spec reads as a choice (a ragged all-to-all's routing) is the user's to get right: an
         # operand the spec lays out from the dims is laid out here, before any kernel is blamed for it.
@@ -126,13 +122,15 @@ class Case:
                     op.values(case.dims_map, case.mesh.axis_size)
                 except ValueError as e:
                     raise ValueError(f"bad case token {token!r}: {e}") from None
-        drawn = spec.values_of("routing") if "routing" in dims else ()
-        if drawn and dims["routing"] not in drawn:  # a kind of traffic, not a size: only those it is given
+        # a kind of traffic, not a size: only those it is given
+        routing = read.dims.get("routing")
+        drawn = spec.values_of("routing") if routing is not None else ()
+        if drawn and routing not in drawn:
             needs = (
                 "replicas=conformance.ExpertReplicas(...)" if "replicas" in spec.registration_options else ""
             )
             raise ValueError(
-                f"bad case token {token!r}: routing={dims['routing']} is not one of those {impl} is given "
+                f"bad case token {token!r}: routing={routing} is not one of those {impl} is given "
                 f"({', '.join(map(str, drawn))})"
                 + (f"; a replicated placement needs {needs}" if needs else "")
             )
@@ -146,14 +144,14 @@ class Case:
 
     def replay_command(self, check: str) -> str:
         """One line that re-runs exactly this check on exactly this case."""
+        from conformance import kernel_paths, session
+
         parts = ["python", "-m", "conformance", "replay", check, self.family, self.impl, self.token]
         if self.platform != "cpu":
             parts += ["--platform", self.platform]
         module = self.implementation.module if self._is_registered() else ""
         if module and not module.startswith("conformance.kernels"):
-            parts += ["--kernels", module]
-        from conformance import session
-
+            parts += ["--kernels", kernel_paths.kernels_argument(module)]
         return shlex.join([*parts, *session.current().settings.verdict_options()])
 
     def _is_registered(self) -> bool:
@@ -182,7 +180,6 @@ class Case:
 
 #: TPU interpret mode's DMA execution orders; "on_wait" runs DMAs as late and
 #: out of order as the waits allow, which is what exposes reused semaphores.
-DMA_MODES = ("eager", "on_wait")
 
 
 def np_dtype(dtype: str) -> np.dtype:

@@ -1,4 +1,5 @@
-"""The kernels modules of ``--kernels``: imported before collection, so their registrations join the
+"""The kernels modules of ``--kernels`` (module names, or paths to ``.py`` files:
+:mod:`conformance.kernel_paths`): imported before collection, so their registrations join the
 run; one that does not import is a usage error saying what it raised, where in the user's code, and
 for a module Python cannot find, where Python looks. The same for pytest and for ``python -m
 conformance`` (:class:`KernelsModuleError`, which each turns into its own usage error)."""
@@ -11,6 +12,8 @@ import sys
 import traceback
 
 import pytest
+
+from conformance import kernel_paths
 
 
 def kernel_modules(config: pytest.Config) -> list[str]:
@@ -33,6 +36,14 @@ def import_modules(modules: list[str]) -> None:
     (:func:`import_error`) at the first that raises anything: an ImportError, its own SyntaxError, a
     ``register`` call it makes badly."""
     for module in modules:
+        if kernel_paths.is_path(module):
+            try:
+                kernel_paths.import_path(module)
+            except ValueError as e:
+                raise KernelsModuleError(f"--kernels: {e}") from e
+            except Exception as e:
+                raise KernelsModuleError(import_error(module, e)) from e
+            continue
         try:
             try:
                 importlib.import_module(module)
@@ -52,7 +63,7 @@ def import_error(module: str, error: BaseException) -> str:
         return (
             f"--kernels: cannot import {module!r}: {error}. It is imported by name, from sys.path and the "
             f"current directory ({os.getcwd()}): run the command from the directory that holds it, put that "
-            "directory on PYTHONPATH, or install the package that holds it"
+            "directory on PYTHONPATH, install the package that holds it, or give the path to its .py file"
         )
     where = ""
     if isinstance(error, SyntaxError) and error.filename:

@@ -57,7 +57,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from conformance import blame, checks, compat, registry
+from conformance import blame, checks, compat, kernel_paths, registry
 from conformance import session as session_lib
 from conformance.checks.base import Check
 from conformance.run import interpret_outcomes, outcomes
@@ -123,7 +123,10 @@ class Worker:
         from conformance import specs
         from conformance.targets import gpu_compiler
 
-        modules = sorted({i.module for f in specs.FAMILIES for i in registry.registered(f)})
+        # a module imported from a path (--kernels=./my_rings.py) goes to the worker as that path
+        modules = sorted(
+            {kernel_paths.kernels_argument(i.module) for f in specs.FAMILIES for i in registry.registered(f)}
+        )
         paths = [os.path.abspath(p or os.curdir) for p in sys.path]
         # Standalone, also in a rank of a job: it must not join the job (its meshes are its own).
         job = {"JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_LOCAL_DEVICE_IDS"}
@@ -427,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     cpu_ragged_all_to_all.install()  # as in the parent: the op emulated where XLA:CPU lacks it
     for module in ["conformance.kernels", *filter(None, args.kernels.split(","))]:
         try:
-            importlib.import_module(module)
+            (kernel_paths.import_path if kernel_paths.is_path(module) else importlib.import_module)(module)
         except Exception as error:  # its kernels are checked in the parent instead
             print(f"conformance worker: cannot import {module}: {error}", file=sys.stderr)
     from conformance import specs

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import claims, family_tests, registry
+from conformance import claims, family_tests, kernel_paths, registry
 from conformance.checks.tpu_pod import POD_MESHES
 from conformance.checks.tpu_schedule import SCHEDULE_MESHES
 from conformance.checks.values import EAGER_FALLBACK_MESHES, EAGER_MESHES
@@ -523,6 +523,29 @@ def _command(tmp_path: Path, *args: str, kernels: str = KERNELS) -> subprocess.C
     )
 
 
+def test_kernels_given_as_a_path_to_their_file_run_and_replay_by_it(tmp_path: Path) -> None:
+    """``--kernels=DIR/FILE.py``: that file is imported as the module its name makes, and a replay line
+    of one of its kernels names the file again (:mod:`conformance.kernel_paths`)."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_gathers.py").write_text(textwrap.dedent(KERNELS))
+    token = "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0"
+    done = _command(
+        tmp_path, "replay", "values", "all_gather", "opt_gather", token, "--kernels=mine/my_gathers.py"
+    )
+    assert done.returncode == 0 and "PASSED values" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    (tmp_path / "plain.py").write_text("VALUE = 1\n")
+    name = kernel_paths.import_path(str(tmp_path / "plain.py"))
+    try:
+        assert name == "plain" and kernel_paths.kernels_argument(name) == str(tmp_path / "plain.py")
+        assert kernel_paths.import_path(str(tmp_path / "plain.py")) == name  # the same file: imported once
+        assert (
+            kernel_paths.kernels_argument("conformance.selftest.broken_kernels")
+            == "conformance.selftest.broken_kernels"
+        )
+    finally:
+        sys.modules.pop(name, None)
+
+
 def test_replay_of_an_unregistered_implementation_is_not_a_kernel_failure(tmp_path: Path) -> None:
     token = "2-x-auto:rows_per_shard=3,cols=128:float32:seed=0"
     done = _command(tmp_path, "replay", "values", "all_gather", "no_such_kernel", token)
@@ -607,6 +630,10 @@ BAD_COMMANDS = {
         f"a kernels module with {bad}": (("list", "--kernels=opt_kernels"), BAD_KERNEL_MODULES[bad][1])
         for bad in BAD_KERNEL_MODULES
     },
+    "a kernels file that is not there": (
+        ("list", "--kernels=./my_rings.py"),
+        "--kernels: './my_rings.py' is not a file",
+    ),
     "a case token that does not parse": (
         ("replay", "values", "all_gather", "opt_gather", "garbage", "--kernels=opt_kernels"),
         "cannot replay: bad case token 'garbage'; expected MESH:DIM=V,...:DTYPE:seed=S",
@@ -632,6 +659,10 @@ BAD_COMMANDS = {
     "a misspelt mesh": (
         ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("auto", "atuo")),
         "cannot replay: bad mesh label '2-x-atuo'",
+    ),
+    "a mesh the host cannot hold": (
+        ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("2-x-auto", "9-x-auto")),
+        "cannot replay: 9-x-auto needs 9 devices; this host has 8 cpu devices",
     ),
     "a misspelt check": (
         ("replay", "valuez", "all_gather", "opt_gather", GATHER_TOKEN),

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import claims, family_tests, registry, strategies, transfers
+from conformance import claims, family_tests, kernel_paths, registry, strategies, transfers
 from conformance.checks.base import Check
 from conformance.fixtures import devices as devices_lib
 from conformance.jobs import distributed
@@ -44,7 +44,7 @@ few_routes = pytest.mark.parametrize("route", FEW_ROUTES, ids=[r.label for r in 
 def _replay(request: pytest.FixtureRequest, impl: registry.Implementation) -> str:
     parts = ["pytest", f"{request.node.path}::{request.node.name}", "-p", "no:cacheprovider"]
     if not impl.is_builtin:
-        parts += ["--kernels", impl.module]
+        parts += ["--kernels", kernel_paths.kernels_argument(impl.module)]
     return shlex.join(parts)
 
 
