@@ -97,24 +97,7 @@ def _main(argv: list[str]) -> int:
         for family in specs.FAMILIES:
             print(f"{family}: {specs.get(family).summary}")
             for impl in registry.registered(family):
-                traits = [
-                    t
-                    for t, on in (
-                        ("baseline", impl.baseline),
-                        ("Pallas", impl.pallas),
-                        ("differentiable", impl.differentiable),
-                    )
-                    if on
-                ]
-                tag = f" ({', '.join(traits)})" if traits else ""
-                declared = (("dtypes", impl.dtypes), ("platforms", impl.platforms))
-                claims = [f"{k}={','.join(v)}" for k, v in declared if v is not None]
-                if impl.supports is not None:
-                    claims.append(f"supports={getattr(impl.supports, '__qualname__', impl.supports)}")
-                own = specs.get(family).registration_options
-                claims += [f"{k}={v!r}" for k, v in impl.options.items() if k in own and v != own[k].default]
-                claimed = f"  claims {'; '.join(claims)}" if claims else ""
-                print(f"  {impl.name}{tag}  [registered by {impl.module}]{claimed}  {impl.description}")
+                print(f"  {impl.name}{_declarations(impl, specs.get(family))}  {impl.description}")
         return 0
 
     if args.check not in checks.CHECKS:
@@ -174,6 +157,38 @@ def _main(argv: list[str]) -> int:
         return 0
     print(f"\nPASSED {args.check}")
     return 0
+
+
+def _declarations(impl, spec) -> str:
+    """What ``list`` shows of a registration beside its name: its traits, who registered it, and every
+    keyword it passed other than at its default (``bidirectional=True``, ``dtypes=``, the family's own)."""
+    traits = [
+        t
+        for t, on in (
+            ("baseline", impl.baseline),
+            ("Pallas", impl.pallas),
+            ("differentiable", impl.differentiable),
+            ("bidirectional", impl.bidirectional),
+            ("the compiler's own", impl.compilers_own),
+            ("ahead of the compiler", impl.ahead_of_compiler),
+        )
+        if on
+    ]
+    tag = f" ({', '.join(traits)})" if traits else ""
+    declared = (("dtypes", impl.dtypes), ("platforms", impl.platforms), ("requires", impl.requires or None))
+    claims = [f"{k}={','.join(v)}" for k, v in declared if v is not None]
+    if impl.lowering_targets != (("tpu",) if impl.pallas else ("tpu", "cuda")):  # register's default
+        claims.append(f"lowering_targets={','.join(impl.lowering_targets)}")
+    if impl.supports is not None:
+        claims.append(f"supports={getattr(impl.supports, '__qualname__', impl.supports)}")
+    if impl.unpaced is not None:
+        claims.append(f"unpaced={getattr(impl.unpaced, '__qualname__', impl.unpaced)}")
+    own = spec.registration_options
+    claims += [f"{k}={v!r}" for k, v in impl.options.items() if k in own and v != own[k].default]
+    if impl.config:
+        claims.append(f"configuration {dict(impl.config)} of {impl.configured_from}")
+    claimed = f"  claims {'; '.join(claims)}" if claims else ""
+    return f"{tag}  [registered by {impl.module}]{claimed}"
 
 
 def _hint(word: str, known) -> str:

@@ -183,10 +183,15 @@ def _family_options(family: str, name: str, given: Mapping[str, object]) -> dict
     declared = getattr(specs.get(family), "registration_options", {})
     unknown = sorted(set(given) - set(declared))
     if unknown:
-        offered = ", ".join(declared) or "none"
+        # a typo of any keyword register takes: its own (dtypes=, pallas=) and the family's
+        own = [p for p in inspect.signature(register).parameters if p not in ("family", "options")]
+        close = {u: difflib.get_close_matches(u, [*own, *declared], n=1) for u in unknown}
+        meant = "; ".join(f"{u!r} (did you mean {m[0]!r}?)" for u, m in close.items() if m)
         raise TypeError(
-            f"register({family!r}, name={name!r}): unexpected keyword(s) {unknown}; "
-            f"the {family} family's own are: {offered}"
+            f"register({family!r}, name={name!r}): unexpected keyword(s) {unknown}"
+            + (f": {meant}" if meant else "")
+            + f"; the {family} family's own are: {', '.join(declared) or 'none'}"
+            + f"; every family's: {', '.join(own)}"
         )
     for key, value in given.items():
         if not declared[key].accepts(value):

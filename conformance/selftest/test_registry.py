@@ -43,6 +43,16 @@ def test_a_family_s_own_registration_keywords_are_its_spec_s() -> None:
         match=r"unexpected keyword\(s\) \['accepts_timeout'\]; the all_gather family's own are: none",
     ):
         conformance.register("all_gather", name="selftest_options", accepts_timeout=True)
+    with pytest.raises(
+        TypeError, match=r"'bidirectonal' \(did you mean 'bidirectional'\?\).*every family's: .*pallas"
+    ):
+        conformance.register(
+            "all_gather", name="selftest_options", bidirectonal=True
+        )  # register's own, misspelt
+    with pytest.raises(TypeError, match=r"'accept_timeout' \(did you mean 'accepts_timeout'\?\)"):
+        conformance.register(
+            "send_recv", name="selftest_options", accept_timeout=True
+        )  # the family's, misspelt
     with pytest.raises(TypeError, match="resources must be a callable returning counters"):
         conformance.register("send_recv", name="selftest_options", resources=3)
     assert registry.get("send_recv", "xla_device_put").options == {
@@ -165,3 +175,20 @@ def test_a_tuning_space_registers_each_configuration_as_an_implementation() -> N
     ):
         with pytest.raises((TypeError, ValueError), match=said):
             conformance.register("all_gather", name="selftest_badly_tuned", configs=bad)
+
+
+def test_list_shows_every_declaration_a_kernel_passed() -> None:
+    """``python -m conformance list`` shows, beside each name, its traits and every keyword it passed
+    other than at its default: what a reader needs to know which checks it claims."""
+    from conformance import specs
+    from conformance.__main__ import _declarations
+
+    ring = _declarations(registry.get("all_reduce", "ring_all_reduce_bidirectional"), specs.get("all_reduce"))
+    assert (
+        "(differentiable, bidirectional)" in ring and "[registered by conformance.kernels.all_reduce" in ring
+    )
+    assert "dtypes=float32," in ring and "reductions=('add', 'min', 'max')" in ring, ring
+    gpu = _declarations(registry.get("all_reduce", "mgpu_all_reduce"), specs.get("all_reduce"))
+    assert "platforms=gpu" in gpu and "requires=" in gpu and "lowering_targets=cuda" in gpu, gpu
+    plain = _declarations(registry.get("all_gather", "xla_all_gather"), specs.get("all_gather"))
+    assert "bidirectional" not in plain and "lowering_targets" not in plain, plain
