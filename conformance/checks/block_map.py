@@ -407,6 +407,8 @@ def _patterns(
                 f"  ring position {source}'s {unit} (device{'s' * (len(holders) > 1)} "
                 f"{', '.join(map(str, holders))}) is missing everywhere"
             )
+    if unit == "block":
+        lines += _shift(wrong, found, n, per_block)
     every = [f for s in wrong for f in found[s]]
     if every:
         rows = {f.rows for f in every}
@@ -417,6 +419,28 @@ def _patterns(
             )
             lines.append(f"  in each of the {len(wrong)} wrong blocks only {rows_text} wrong")
     return lines
+
+
+def _shift(wrong: list[Slot], found: dict[Slot, list[Finding]], n: int, per_block: int) -> list[str]:
+    """Every wrong block, on every device that has one, holding the whole block of the ring position
+    the same number of places before its own: said in one sentence (the blocks a ring step off)."""
+    offsets = set()
+    for slot in wrong:
+        held = [f for f in found[slot] if f.kind == "holds" and len(f.rows) == per_block]
+        others = [f for f in found[slot] if f.kind != "lacks" and f not in held]
+        if len(held) != 1 or others:
+            return []
+        offsets.add((slot.block - held[0].source) % n)
+    if len(offsets) != 1 or 0 in offsets:
+        return []
+    (k,) = offsets
+    devices = sorted({s.device for s in wrong})
+    late = f"{k} ring position{'s' * (k > 1)} after" if k <= n // 2 else f"{n - k} before"
+    return [
+        f"  every block lands {late} its own slot: {len(wrong)} wrong blocks on "
+        f"{len(devices)} device{'s' * (len(devices) > 1)}, each holding the block of ring position p where "
+        f"position p{'+' if k <= n // 2 else '-'}{k if k <= n // 2 else n - k}'s belongs"
+    ]
 
 
 def summary_line(lines: list[str]) -> str | None:
@@ -431,7 +455,11 @@ def summary_line(lines: list[str]) -> str | None:
     named_cause = [line for line in lines if line.startswith(CAUSE_PREFIXES)]
     if named_cause:  # a cause named outright says more than where the blocks went
         return named_cause[0].split(":", 1)[1].strip()
-    patterns = [line for line in lines[1:] if "missing everywhere" in line or "wrong blocks only" in line]
+    patterns = [
+        line
+        for line in lines[1:]
+        if "missing everywhere" in line or "wrong blocks only" in line or "every block lands" in line
+    ]
     named = [line for line in lines[1:] if line.startswith("  out rows")]
     if patterns or named:
         return (patterns or named)[0].strip()
