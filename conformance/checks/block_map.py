@@ -434,12 +434,12 @@ def _shift(wrong: list[Slot], found: dict[Slot, list[Finding]], n: int, per_bloc
     if len(offsets) != 1 or 0 in offsets:
         return []
     (k,) = offsets
-    devices = sorted({s.device for s in wrong})
-    late = f"{k} ring position{'s' * (k > 1)} after" if k <= n // 2 else f"{n - k} before"
+    devices = len({s.device for s in wrong})
+    away = f"{k} before" if k <= n // 2 else f"{n - k} after"
+    slot = f"p+{k}" if k <= n // 2 else f"p-{n - k}"
     return [
-        f"  every block lands {late} its own slot: {len(wrong)} wrong blocks on "
-        f"{len(devices)} device{'s' * (len(devices) > 1)}, each holding the block of ring position p where "
-        f"position p{'+' if k <= n // 2 else '-'}{k if k <= n // 2 else n - k}'s belongs"
+        f"  each of the {len(wrong)} wrong blocks, on {devices} device{'s' * (devices > 1)}, holds the block "
+        f"of the ring position {away} its own (position p's block in position {slot}'s slot)"
     ]
 
 
@@ -458,7 +458,7 @@ def summary_line(lines: list[str]) -> str | None:
     patterns = [
         line
         for line in lines[1:]
-        if "missing everywhere" in line or "wrong blocks only" in line or "every block lands" in line
+        if "missing everywhere" in line or "wrong blocks only" in line or "wrong blocks, on" in line
     ]
     named = [line for line in lines[1:] if line.startswith("  out rows")]
     if patterns or named:

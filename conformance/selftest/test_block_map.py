@@ -36,7 +36,8 @@ CASES = {
         ("broken_ring_wrong_slot", "allgather_matmul", "4-x-auto"),
         "out rows 3:6 on device 0 holds device 3's block (expected device 1's): what a ring going right "
         "brings at step 1 (going left: step 3)",
-        "holds device 3's block (expected device 1's)",
+        # every wrong block the same two positions off: one sentence, at any ring length
+        "each of the 8 wrong blocks, on 4 devices, holds the block of the ring position 2 before its own",
     ),
     "a position's block dropped": (
         ("broken_ring_drops_position_zeros_block", "allgather_matmul", "3-x-auto"),
