@@ -9,6 +9,7 @@ registry of this process clean and tests the command-line path itself.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import re
@@ -743,7 +744,10 @@ def test_the_sweep_runs_each_kernel_on_its_declared_catch_and_narrows_no_counted
     committed file declares for it, never a kernel whose self-tests count its outcomes over the whole
     subset, nor a hanging one; the file names only broken kernels of this suite, on meshes of the subset."""
     committed = declared_catches()
-    assert set(committed) <= set(EXPECTED_REJECTION), sorted(set(committed) - set(EXPECTED_REJECTION))
+    # a kernel some JAX lacks (registered where compat says it can be) is still one of the suite's
+    sources = "".join(inspect.getsource(module) for module in BROKEN)
+    unknown = [k for k in committed if k not in EXPECTED_REJECTION and k.split(".")[0] not in sources]
+    assert not unknown, f"{CATCHES_FILE.name} names kernels the suite does not have: {unknown}"
     report = tmp_path / "sweep.xml"
     cases = [
         ("broken_ring_wrong_slot", "test_values", "8-x-auto-cpu", True),
