@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from conformance.fixtures.meshes import MeshConfig, parse_mesh
+
+if TYPE_CHECKING:
+    from conformance.specs.base import FamilySpec
 
 #: The token's form, as every message about a bad one quotes it.
 FORM = "MESH:DIM=V,...:DTYPE:seed=S[:dma=MODE]"
@@ -39,7 +43,7 @@ class CaseToken:
     dma_mode: str | None
 
 
-def parse(token: str, spec: Any) -> CaseToken:
+def parse(token: str, spec: FamilySpec) -> CaseToken:
     """``token`` read against family ``spec`` (a :class:`~conformance.specs.base.FamilySpec`); a
     ``ValueError`` naming the first bad field and what it may be."""
 
@@ -73,7 +77,7 @@ def parse(token: str, spec: Any) -> CaseToken:
     return CaseToken(mesh, dims, dtype, seed, dma_mode)
 
 
-def _dims(text: str, spec: Any, bad: Any) -> dict[str, int]:
+def _dims(text: str, spec: FamilySpec, bad: Callable[[str], ValueError]) -> dict[str, int]:
     dims: dict[str, int] = {}
     known = f"{spec.name}'s dims are {', '.join(spec.dims)}"
     for item in text.split(","):
@@ -96,13 +100,13 @@ def _dims(text: str, spec: Any, bad: Any) -> dict[str, int]:
     return dims
 
 
-def _integer(name: str, text: str, bad: Any) -> int:
+def _integer(name: str, text: str, bad: Callable[[str], ValueError]) -> int:
     try:
         return int(text)
     except ValueError:
         raise bad(f"{name}={text!r} is not an integer") from None
 
 
-def _close(word: str, known: Any) -> str:
+def _close(word: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
