@@ -16,9 +16,14 @@ import argparse
 import difflib
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from conformance import command_line
 from conformance.session import BEHIND_COMPILER_MODES, SCHEDULE_VERDICTS, TIME_BOUNDS, Settings
+
+if TYPE_CHECKING:
+    from conformance.registry import Implementation
+    from conformance.specs.base import FamilySpec
 
 
 def _load(modules: list[str]) -> None:
@@ -159,7 +164,7 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-def _declarations(impl, spec) -> str:
+def _declarations(impl: Implementation, spec: FamilySpec) -> str:
     """What ``list`` shows of a registration beside its name: its traits, who registered it, and every
     keyword it passed other than at its default (``bidirectional=True``, ``dtypes=``, the family's own)."""
     traits = [
