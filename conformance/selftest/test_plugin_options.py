@@ -640,7 +640,7 @@ BAD_COMMANDS = {
     ),
     "a dtype the family does not have": (
         ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("float32", "float33")),
-        "dtype 'float33' is not one of all_gather's",
+        "dtype 'float33' (did you mean 'float32'?) is not one of all_gather's",
     ),
     "a dim the family does not have": (
         ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("cols", "columns")),
@@ -658,7 +658,8 @@ BAD_COMMANDS = {
     ),
     "a misspelt mesh": (
         ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("auto", "atuo")),
-        "cannot replay: bad mesh label '2-x-atuo'",
+        "cannot replay: bad case token '2-x-atuo:rows_per_shard=3,cols=128:float32:seed=0': bad mesh label "
+        "'2-x-atuo'",
     ),
     "a mesh the host cannot hold": (
         ("replay", "values", "all_gather", "xla_all_gather", GATHER_TOKEN.replace("2-x-auto", "9-x-auto")),
