@@ -77,6 +77,26 @@ def parse(token: str, spec: FamilySpec) -> CaseToken:
     return CaseToken(mesh, dims, dtype, seed, dma_mode)
 
 
+def check_choices(read: CaseToken, spec: FamilySpec, *, impl: str, token: str) -> None:
+    """A dim the spec reads as a choice is the user's to get right: each operand the spec lays out from
+    the dims (a ragged all-to-all's routing) is laid out here, before any kernel is blamed for it, and a
+    routing, a kind of traffic rather than a size, is one of those ``impl`` is drawn."""
+    for op in spec.operands:
+        if op.values is not None:
+            try:
+                op.values(read.dims, read.mesh.axis_size)
+            except ValueError as e:
+                raise ValueError(f"bad case token {token!r}: {e}") from None
+    routing = read.dims.get("routing")
+    drawn = spec.values_of("routing") if routing is not None else ()
+    if drawn and routing not in drawn:
+        needs = "replicas=conformance.ExpertReplicas(...)" if "replicas" in spec.registration_options else ""
+        raise ValueError(
+            f"bad case token {token!r}: routing={routing} is not one of those {impl} is given "
+            f"({', '.join(map(str, drawn))})" + (f"; a replicated placement needs {needs}" if needs else "")
+        )
+
+
 def _dims(text: str, spec: FamilySpec, bad: Callable[[str], ValueError]) -> dict[str, int]:
     dims: dict[str, int] = {}
     known = f"{spec.name}'s dims are {', '.join(spec.dims)}"

@@ -114,26 +114,7 @@ class Case:
             seed=read.seed,
             dma_mode=read.dma_mode,
         )
-        # A dim the spec reads as a choice (a ragged all-to-all's routing) is the user's to get right: an
-        # operand the spec lays out from the dims is laid out here, before any kernel is blamed for it.
-        for op in spec.operands:
-            if op.values is not None:
-                try:
-                    op.values(case.dims_map, case.mesh.axis_size)
-                except ValueError as e:
-                    raise ValueError(f"bad case token {token!r}: {e}") from None
-        # a kind of traffic, not a size: only those it is given
-        routing = read.dims.get("routing")
-        drawn = spec.values_of("routing") if routing is not None else ()
-        if drawn and routing not in drawn:
-            needs = (
-                "replicas=conformance.ExpertReplicas(...)" if "replicas" in spec.registration_options else ""
-            )
-            raise ValueError(
-                f"bad case token {token!r}: routing={routing} is not one of those {impl} is given "
-                f"({', '.join(map(str, drawn))})"
-                + (f"; a replicated placement needs {needs}" if needs else "")
-            )
+        case_tokens.check_choices(read, spec, impl=impl, token=token)
         return case
 
     def size_key(self) -> tuple[int, int, int, str]:

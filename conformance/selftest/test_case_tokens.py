@@ -67,3 +67,17 @@ def test_a_printed_token_reads_back_as_its_case(dma: str | None) -> None:
         dma_mode=dma,
     )
     assert Case.from_token(case.family, case.impl, case.token) == case, case.token
+
+
+def test_a_routing_the_kernel_is_not_drawn_is_refused_saying_what_it_needs() -> None:
+    """A MoE kernel that declares no replica rule is never drawn the replicated placement (routing 6): a
+    token asking for it is refused, naming the declaration; one that declares it replays it."""
+    spec = specs.get("moe_dispatch")
+    dims = {**spec.canonical_dims, "routing": 6}
+    token = f"2-x-explicit:{','.join(f'{k}={v}' for k, v in dims.items())}:float32:seed=0"
+    with pytest.raises(
+        ValueError, match=r"routing=6 is not one of those xla_moe_dispatch is given"
+    ) as raised:
+        Case.from_token("moe_dispatch", "xla_moe_dispatch", token)
+    assert "a replicated placement needs replicas=conformance.ExpertReplicas(...)" in str(raised.value)
+    assert Case.from_token("moe_dispatch", "dense_moe_dispatch", token).dims_map["routing"] == 6
