@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 
 from conformance import runner, tolerances
+from conformance.checks.autodiff import EXACT_BACKWARD_BY_AUTODIFF
 from conformance.checks.base import Axes, Check, call_kernel, fail, keeping, require_array, require_shape
 from conformance.checks.baseline_case import baseline_of, on_the_baseline
 from conformance.runner import Case
+from conformance.specs.base import FamilySpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,21 @@ BACKWARD_ACCURACY_CURE = (
     "write the backward as a custom_vjp whose ring carries float32 accumulators "
     "(jnp.dot(..., preferred_element_type=jnp.float32)) and casts to the operand's dtype once, at the end"
 )
+
+
+def backward_accuracy_advice(spec: FamilySpec) -> list[str]:
+    """What a backward less accurate than the baseline's points to, and the cure, as the family's
+    backward is: a sum over the ring (its accumulators), or the cotangent moved as it is
+    (:attr:`~conformance.specs.base.FamilySpec.backward_exact`), where any error is the backward's own."""
+    if not spec.backward_exact:
+        return [f"points to      : {BACKWARD_ACCURACY_HINT}", f"to match it    : {BACKWARD_ACCURACY_CURE}"]
+    return [
+        f"points to      : arithmetic where the exact gradient needs none ({spec.backward_exact}; the "
+        "baseline's backward is exact): the backward adds or rounds in the 16-bit dtype what it should only "
+        f"move. {EXACT_BACKWARD_BY_AUTODIFF}",
+        f"to match it    : write the backward as a custom_vjp that gives each device its gradient as the "
+        f"math has it ({spec.backward_exact}), moving only that ({spec.backward_byte_bound_text})",
+    ]
 
 
 def _measured(
@@ -161,8 +178,7 @@ def check_backward_accuracy(case: Case) -> list[AccuracyRecord]:
                 [
                     *lines,
                     f"limit          : {limit} ({tolerances.ACCURACY_RATIO_REASON})",
-                    f"points to      : {BACKWARD_ACCURACY_HINT}",
-                    f"to match it    : {BACKWARD_ACCURACY_CURE}",
+                    *backward_accuracy_advice(spec),
                 ],
             )
     return records

@@ -4,6 +4,7 @@ backward pass (compiled here and lowered for each target) against what its math 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,8 @@ from conformance.checks.base import (
     fail,
     keeping,
 )
-from conformance.checks.collectives import ByteRecord, byte_table
+from conformance.checks.block_map import ROUNDED_PREFIX
+from conformance.checks.collectives import ByteRecord, byte_table, wider_transfers
 from conformance.checks.ragged_bytes import as_the_op_moves_them
 from conformance.runner import Case
 
@@ -70,7 +72,8 @@ def check_gradients(case: Case) -> None:
                 ],
             )
         try:
-            compare_shards(case, "gradients", grad, exp, tol, what=name)
+            explain = functools.partial(rounded_where_exact, case, grad, exp) if spec.backward_exact else None
+            compare_shards(case, "gradients", grad, exp, tol, what=name, explain=explain)
         except ConformanceFailure as failure:
             named = _known_vjp_mistake(case, inputs64, ct64, grads, tolerance)
             if named is None:
@@ -81,6 +84,40 @@ def check_gradients(case: Case) -> None:
                     "gets it right does better than the op"
                 ) from failure
             raise _naming(failure, f"the gradients are exactly what {named} gives") from failure
+
+
+#: How JAX's own autodiff of a ring comes to compute where the exact gradient only moves the cotangent.
+EXACT_BACKWARD_BY_AUTODIFF = (
+    "A ring differentiated by JAX's own autodiff (no custom_vjp) transposes each step: a shard_map whose "
+    "result is declared replicated (out_specs P(), check_vma=False) hands each device a share of the "
+    "cotangent and sums the shares back over the ring, in the cotangent's dtype"
+)
+
+
+def rounded_where_exact(case: Case, grad: Any, exact: np.ndarray) -> list[str]:
+    """A line naming the cause where the family's exact gradient needs no arithmetic
+    (:attr:`~conformance.specs.base.FamilySpec.backward_exact`) and every wrong element of ``grad`` is
+    within a rounding per ring step of it: the backward computes what it should only move. ``[]`` where
+    an element is further off (a block in the wrong place, a missing term), or in a job, where a rank
+    sees its own shards only."""
+    if jax.process_count() > 1:
+        return []
+    got = runner.global_value(grad).astype(np.float64)
+    error = np.abs(got - exact)
+    wrong = error > 0
+    np_dtype = runner.np_dtype(case.dtype)
+    ulps = error[wrong] / (
+        float(np.finfo(np_dtype).eps) * np.maximum(np.abs(exact[wrong]), np.finfo(np_dtype).tiny)
+    )
+    if not wrong.any() or not np.all(ulps <= case.mesh.axis_size):  # a rounding per ring step at most
+        return []
+    return [
+        f"{ROUNDED_PREFIX} the backward computes in {case.dtype} what it should only move: each wrong "
+        f"element is off by at most {int(np.ceil(ulps.max()))} roundings (|error| <= k x eps x |exact|) of "
+        f"an exact gradient that needs no arithmetic ({case.spec.backward_exact})",
+        f"points to      : {EXACT_BACKWARD_BY_AUTODIFF}; a custom_vjp that gives each device its gradient as "
+        "the math has it moves it exactly",
+    ]
 
 
 def _naming(failure: ConformanceFailure, mistake: str) -> ConformanceFailure:
@@ -265,7 +302,7 @@ def check_backward_collectives(case: Case) -> ByteRecord:
             received,
             bound,
             spec.backward_byte_bound_text,
-            ops,
+            ops + wider_transfers(case, audit.lowered.values(), backward=True),
         )
     return record
 

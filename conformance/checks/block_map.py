@@ -33,8 +33,10 @@ from conformance.runner import Case
 BASELINE_PREFIX = "baseline       :"
 #: How the lines begin that name a cause outright, which the failure summary shows before where blocks
 #: landed: a known mistake the result matches, and a family's account of what the result lacks
-#: (:attr:`conformance.specs.base.FamilySpec.explain_wrong`: a MoE dispatch's rows missing or extra).
-CAUSE_PREFIXES = ("known mistake  :", "rows missing   :", "rows extra     :")
+#: (:attr:`conformance.specs.base.FamilySpec.explain_wrong`: a MoE dispatch's rows missing or extra),
+#: and a gradient off by roundings alone where its math needs no arithmetic (checks.autodiff).
+ROUNDED_PREFIX = "rounded        :"
+CAUSE_PREFIXES = ("known mistake  :", "rows missing   :", "rows extra     :", ROUNDED_PREFIX)
 #: At most this many wrong blocks are named one by one; the rest are counted.
 MAX_NAMED = 4
 

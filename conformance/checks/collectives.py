@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+import jax.numpy as jnp
 
 from conformance import compat, hlo, runner
 from conformance.checks import on_topology
@@ -197,6 +199,37 @@ def check_lowered_bytes(case: Case) -> list[ByteRecord]:
     return records
 
 
+def wider_transfers(case: Case, summaries: Iterable[hlo.CollectiveSummary], *, backward: bool) -> list[str]:
+    """A line where ``summaries`` (modules in the program's own dtypes: lowered, or compiled for a TPU or
+    GPU; XLA:CPU's compiled module may widen 16-bit transfers itself) move floats wider than the run's
+    dtype, saying where such bytes come from; ``[]`` where none do."""
+    bits = 8 * runner.np_dtype(case.dtype).itemsize
+    wider = sorted(
+        {
+            shape.dtype
+            for summary in summaries
+            for op in summary.ops
+            for shape in op.operand_shapes
+            if shape.dtype.startswith(("f", "bf")) and shape.bits > bits
+        }
+    )
+    if not wider or not jnp.issubdtype(runner.np_dtype(case.dtype), jnp.floating):
+        return []
+    moved = "/".join(wider)
+    if backward:
+        return [
+            f"wider dtype    : the backward moves {moved} in a {case.dtype} run: the transpose of a forward "
+            "that widens to float32 before its ring (float32 accumulators) carries the cotangent in "
+            f"float32, twice the bytes; a custom_vjp can move the cotangent in {case.dtype} and widen it "
+            "where it adds"
+        ]
+    return [
+        f"wider dtype    : the forward moves {moved} in a {case.dtype} run: values cross the ring in the "
+        f"accumulators' dtype where the family's bound counts {case.dtype}; round to {case.dtype} before "
+        "a transfer the bound counts in it"
+    ]
+
+
 def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limited: list[str]) -> None:
     impl, itemsize, n = case.implementation, runner.np_dtype(case.dtype).itemsize, case.mesh.axis_size
     for target in impl.lowering_targets:
@@ -234,6 +267,7 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
                     bound_text,
                     [f"  {op.describe()}" for op in summary.ops]
                     + counted
+                    + wider_transfers(case, [summary], backward=name == "backward")
                     + (
                         ["  not counted, as the host's compile of the same program removes them:", *removed]
                         if removed
@@ -340,7 +374,7 @@ def _compiled_module_bytes(
             received,
             bound,
             spec.backward_byte_bound_text if backward else spec.byte_bound_text,
-            ops + counted,
+            ops + counted + wider_transfers(case, [summary], backward=backward),
             module=f"module the {compiler.NAME} compiler compiled for {topology}",
         )
 

@@ -73,8 +73,13 @@ class Shape:
     dims: tuple[int, ...]
 
     @property
+    def bits(self) -> int:
+        """Bits per element (0 where the element type is not known here)."""
+        return _DTYPE_BITS.get(self.dtype, 0)
+
+    @property
     def nbytes(self) -> int:
-        return math.ceil(_DTYPE_BITS.get(self.dtype, 0) * math.prod(self.dims) / 8)
+        return math.ceil(self.bits * math.prod(self.dims) / 8)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.dims))}]"

@@ -86,6 +86,7 @@ ALL_GATHER = FamilySpec(
     backward_allowed_collectives=frozenset(),
     backward_max_received_bytes=lambda d, n, itemsize: 0,
     backward_byte_bound_text="nothing moves: each device slices its rows of the cotangent",
+    backward_exact="each device's gradient is its rows of the replicated cotangent, sliced",
     max_received_bytes=_shards_not_held,
     min_received_bytes=_shards_not_held,
     bad_inputs=_bad_inputs,

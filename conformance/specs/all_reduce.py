@@ -46,6 +46,7 @@ ALL_REDUCE = FamilySpec(
     backward_allowed_collectives=frozenset(),
     backward_max_received_bytes=lambda d, n, itemsize: 0,
     backward_byte_bound_text="nothing moves: each device's gradient is the replicated cotangent",
+    backward_exact="each device's gradient is the replicated cotangent, as it is",
     accuracy_baseline_does="widens the partials to float32, all-reduces them (lax.psum) and rounds to the "
     "input dtype once, after the sum",
     accuracy_how_to_match="carry the partial sums in float32 between ring steps and cast once at the end; "

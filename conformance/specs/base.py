@@ -183,6 +183,11 @@ class FamilySpec:
     #: Max bytes one device may receive in the pullback: (dims, axis size, itemsize) -> bytes.
     backward_max_received_bytes: Callable[[Dims, int, int], int] | None = None
     backward_byte_bound_text: str = ""
+    #: The exact gradient where it needs no arithmetic, only the cotangent's elements moved or sliced
+    #: ("each device's gradient is the replicated cotangent, as it is"); "" where it is a sum (a
+    #: matmul's partials over the ring). Gradients off by roundings alone, and a backward less accurate
+    #: than the baseline's, are then explained by it, not by a sum's accumulators.
+    backward_exact: str = ""
 
     # -- accuracy against the baseline's own error, for dtypes where the accumulation order matters
     accuracy_dtypes: tuple[str, ...] = ()

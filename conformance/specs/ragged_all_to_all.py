@@ -411,6 +411,7 @@ RAGGED_ALL_TO_ALL = FamilySpec(
     backward_max_received_bytes=_padded_groups_and_routing,
     backward_byte_bound_text="the transposed exchange: at most a group's worth of cotangent rows, min(R, S), "
     "from each of the n-1 others, and their routing (four arrays of n int32s each, gathered or not)",
+    backward_exact="each row's gradient is its cotangent row, sent back by the transposed exchange",
     block_tags=_block_tags,
     # a benchmark's device holds `rows` rows and as large an output, routed unevenly
     bench_dims=lambda rows: {"rows_per_shard": rows, "out_rows_per_shard": rows, "cols": 128, "routing": 0},

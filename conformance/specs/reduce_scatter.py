@@ -68,6 +68,7 @@ REDUCE_SCATTER = FamilySpec(
     backward_allowed_collectives=frozenset({"all-gather", "collective-permute"}),
     backward_max_received_bytes=reduction.scattered_blocks_received,
     backward_byte_bound_text="one gather of the cotangent: (n-1)/n of it per device",
+    backward_exact="each device's gradient is the whole cotangent, its blocks gathered",
     accuracy_baseline_does="widens the partials to float32, reduce-scatters them (lax.psum_scatter) and "
     "rounds to the input dtype once, after the sum",
     accuracy_how_to_match="carry the partial sums in float32 between ring steps (2x the bytes of a 16-bit "
