@@ -199,8 +199,8 @@ def concern_rank(check: str) -> int:
 
 #: How the summary picks where to start, printed beside it.
 START_HERE_RULE = (
-    "the smallest failing case of the first cause, causes ordered a wrong result first, then "
-    "precision, then what the program moves or holds, then what it leaves waiting"
+    "the smallest failing case of the first cause, causes ordered a known mistake of the family first, "
+    "then a wrong result, then precision, then what the program moves or holds, then what it leaves waiting"
 )
 
 
@@ -228,12 +228,17 @@ def summarize(outcomes: Iterable[results.Outcome]) -> list[str]:
             causes[v.what or f"{v.check}: no verdict line (see the test's report)"].append(v)
 
         def smallest(vs: list[results.FailureCause]) -> results.FailureCause | None:
-            return min((v for v in vs if v.case_size is not None), key=lambda v: v.case_size, default=None)
+            """The smallest failing case of a cause, one that names a known mistake before any other:
+            a cause's failures share a verdict line, and a known mistake matched in one says what the
+            others are (a drawn case's may not match where the fixed shapes' does)."""
+            sized = [v for v in vs if v.case_size is not None]
+            return min(sized, key=lambda v: (not v.names_a_known_mistake, v.case_size), default=None)
 
         def order(item: tuple[str, list[results.FailureCause]]) -> tuple:
             first = smallest(item[1])
             rank = min(concern_rank(v.check) for v in item[1])
-            return (rank, first is None, first.case_size if first else (), -len(item[1]), item[0])
+            named = first is not None and first.names_a_known_mistake
+            return (not named, rank, first is None, first.case_size if first else (), -len(item[1]), item[0])
 
         ordered = sorted(causes.items(), key=order)
         for what, vs in ordered[:MAX_CAUSES]:

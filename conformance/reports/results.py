@@ -58,6 +58,10 @@ OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "not_claimed")
 _LETTER = {"failed": "F", "xpassed": "X", "passed": "P", "xfailed": "x", "not_claimed": "n", "skipped": "s"}
 
 
+#: The words every known mistake's ``why`` says, whichever check matched it.
+KNOWN_MISTAKE_WORDS = " exactly what "
+
+
 @dataclasses.dataclass(frozen=True)
 class FailureCause:
     """What the failure summary needs of a check's failure, in plain values (with pytest-xdist it
@@ -74,6 +78,13 @@ class FailureCause:
     replay: str | None = None
     #: Why, in one line, where the check said more than its verdict (which block landed where).
     why: str | None = None
+
+    @property
+    def names_a_known_mistake(self) -> bool:
+        """Whether ``why`` is a known mistake of the family that the result matched ("the result is
+        exactly what ... gives", :mod:`conformance.checks.wrong_result`; "the gradients are exactly what
+        ... gives", :mod:`conformance.checks.autodiff`): the defect named by what it is."""
+        return bool(self.why) and KNOWN_MISTAKE_WORDS in self.why
 
     @classmethod
     def of(cls, failure: Any, *, check: str | None = None) -> FailureCause | None:

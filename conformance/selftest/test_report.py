@@ -376,6 +376,38 @@ def test_a_cause_says_why_in_the_summary_and_the_page() -> None:
     assert "why: out rows 3:6 on device 0 holds device 3&#x27;s block" in summary, summary
 
 
+def _with_why(check: str, case: Case, what: str, why: str | None) -> results.Outcome:
+    error = ConformanceFailure(what)
+    error.case, error.check, error.what, error.why = case, check, what, why
+    verdict = _outcome(check, "failed", None, case, what)
+    verdict.failure = results.FailureCause.of(error)
+    return verdict
+
+
+def test_a_known_mistake_leads_the_summary_and_its_cause() -> None:
+    """A cause whose failure matched a known mistake of the family comes first (before a wrong result
+    of a smaller case that names none), and within a cause the failure that matched one is shown
+    before a smaller one that did not: the defect named by what it is."""
+    mistake = "the result is exactly what receiver-side output offsets give"
+    gradients = "gradient d_x differs from the numpy float64 reference"
+    verdicts = [
+        _with_why("gradients", _case("2-x-auto", 1), gradients, "rows of 1 of 2 devices' results are wrong"),
+        _with_why("values", _case("3-x-auto", 1), WRONG, "rows of 1 of 3 devices' results are wrong"),
+        _with_why("values", _case("8-x-explicit", 3), WRONG, mistake),
+    ]
+    lines = failure_summary.summarize(verdicts)
+    text = "\n".join(lines)
+    causes = [line for line in lines if line.startswith("    ") and "x " in line[:8]]
+    assert causes[0].endswith(WRONG) and causes[1].endswith(gradients), text
+    assert f"       why: {mistake}" in lines, text
+    assert "rows of 1 of 3 devices" not in text, text
+    assert "start here : python -m conformance replay values all_gather" in text, text
+    assert "8-x-explicit:rows_per_shard=3" in lines[-2], text
+
+    unnamed = failure_summary.summarize(verdicts[:2])  # without it: the smallest case leads
+    assert "start here : python -m conformance replay gradients" in "\n".join(unnamed), unnamed
+
+
 def test_a_ring_hint_claims_only_the_rings_that_ran() -> None:
     """Failing on the rings of 5 and 8 and passing on the ring of one says so of the rings that ran, and
     names the lengths between that did not run (the ring of 2 may well pass)."""
