@@ -175,6 +175,7 @@ def with_replicas(
         tolerance=on_replicas(spec.tolerance),
         vjp_reference=on_replicas(spec.vjp_reference),
         vjp_tolerance=on_replicas(spec.vjp_tolerance),
+        backward_exact="",  # a token on several experts' devices: its gradient is their sum
         known_mistakes=(
             *(mistake(k) for k in spec.known_mistakes),
             *(one_replica(which) for which in ONE_REPLICA_RULES),
