@@ -70,6 +70,58 @@ def _row_tags(block: np.ndarray) -> np.ndarray:
     return np.where(np.all(rows == first, axis=1), first[:, 0], np.nan)
 
 
+def _column_pieces(block: np.ndarray) -> tuple[tuple[int, int, float], ...]:
+    """A slot's columns in runs of one tag (every row of the column has it; NaN: mixed), as
+    (first column, stop, tag): one run where the slot's rows are whole, two where a bidirectional ring
+    splits its columns between directions."""
+    cols = np.moveaxis(block, -1, 0).reshape(block.shape[-1], -1)
+    tags = np.where(np.all(cols == cols[:, :1], axis=1), cols[:, 0], np.nan)
+    runs: list[tuple[int, int, float]] = []
+    for c, tag in enumerate(tags.tolist()):
+        if runs and _same(runs[-1][2], tag):
+            runs[-1] = (runs[-1][0], c + 1, tag)
+        else:
+            runs.append((c, c + 1, tag))
+    return tuple(runs)
+
+
+def _partials_shifted(
+    wrong: list[Slot], pieces: dict[Slot, dict[int, tuple[tuple[int, int, float], ...]]], n: int, unit: str
+) -> list[str]:
+    """Every wrong slot holding, from every device's partial, the rows of the ring position the same
+    number of places from its own (per run of columns, where a ring splits them): one sentence for
+    what would otherwise be a clause per device per slot (a ring that stops a step early or late)."""
+    shifts: set[tuple[tuple[int, int, int], ...]] = set()
+    for slot in wrong:
+        runs = pieces.get(slot, {})
+        if len(runs) != n:
+            return []
+        for columns in runs.values():
+            if any(t != t or t != int(t) or not 1 <= t <= n for _, _, t in columns):
+                return []  # a column of mixed rows, zeros, or a value no tag has
+            shifts.add(tuple((a, b, (int(t) - 1 - slot.block) % n) for a, b, t in columns))
+    if len(shifts) != 1:
+        return []
+    (shift,) = shifts
+    if all(k == 0 for _, _, k in shift):
+        return []
+
+    def away(k: int) -> str:
+        return "its own" if k == 0 else f"{k} after its own" if k <= n // 2 else f"{n - k} before its own"
+
+    devices = len({s.device for s in wrong})
+    said = (
+        f"the rows of the ring position {away(shift[0][2])}"
+        if len(shift) == 1
+        else " and ".join(f"in columns {a}:{b} the rows of the ring position {away(k)}" for a, b, k in shift)
+    )
+    return [
+        f"  each of the {len(wrong)} wrong blocks, on {devices} device{'s' * (devices > 1)}, holds, from "
+        f"every device's {unit}, {said}: a ring whose steps are counted off by "
+        f"{' and '.join(sorted({str(min(k, n - k)) for _, _, k in shift if k}))}"
+    ]
+
+
 def _slots_of(index: tuple[slice, ...], out_shape: tuple[int, ...], n: int) -> list[tuple[int, int, int]]:
     """The row blocks a shard covers: (block, first global row, stop), rows along dim -2."""
     start, stop, _ = index[-2].indices(out_shape[-2])
@@ -155,6 +207,7 @@ def _where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax
         return device_at[tuple(c)]
 
     found: dict[Slot, list[Finding]] = {}
+    pieces: dict[Slot, dict[int, tuple[tuple[int, int, float], ...]]] = {}  # a partial's column runs
     scaled: list[tuple[Slot, int, float, float]] = []  # every wrong row: its slot, row, got, want
     unit = spec.block_unit
     one_run = unit in ("block", "group")
@@ -195,6 +248,8 @@ def _where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax
                 )
                 findings = _findings_by_tag(got, want, n) if one_run else _findings(sources[0], got, want)
                 found.setdefault(slot, []).extend(findings)
+                if not one_run and not columns:
+                    pieces.setdefault(slot, {})[sources[0]] = _column_pieces(mine)
     wrong = sorted((s for s, f in found.items() if f), key=lambda s: (s.device, s.block))
     head = {
         "block": "on source-tagged inputs (each ring position's rows tagged with their block)",
@@ -236,7 +291,11 @@ def _where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax
         lines.append("  " + _describe(slot, found[slot], n, per_block, unit, device))
     if len(wrong) > MAX_NAMED:
         lines.append(f"  ... and {len(wrong) - MAX_NAMED} more")
-    return lines + _patterns(wrong, found, n, per_block, unit, device)
+    return (
+        lines
+        + _patterns(wrong, found, n, per_block, unit, device)
+        + _partials_shifted(wrong, pieces, n, unit)
+    )
 
 
 def _common_factor(pairs: list[tuple[float, float]], n: int) -> float | None:
@@ -325,8 +384,22 @@ def _describe(
             belongs = _rows_of_block(slot.block, per_block)
             text = f"holds {rows + ' of ' if some else ''}device {src}'s {unit} of {held}"
             text += f" where its rows {belongs} belong"
-        parts.append(text)
-    return where + "; ".join(parts)
+        parts.append((text, src))
+    if unit == "block":
+        return where + "; ".join(text for text, _ in parts)
+    # a partial's clauses that differ only in whose partial they name: said once, naming them all
+    whose: dict[str, list[int]] = {}
+    for text, src in parts:
+        whose.setdefault(text.replace(f"device {src}'s {unit}", "{whose}", 1), []).append(src)
+    said = []
+    for template, sources in whose.items():
+        who = (
+            "every device's"
+            if len(set(sources)) == n
+            else f"device{'s' * (len(sources) > 1)} {', '.join(map(str, sorted(set(sources))))}'s"
+        )
+        said.append(template.replace("{whose}", f"{who} {unit}{'s' * (len(sources) > 1)}"))
+    return where + "; ".join(said)
 
 
 def _group_lines(

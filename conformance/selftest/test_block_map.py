@@ -57,8 +57,8 @@ CASES = {
     ),
     "a partial sent to the wrong neighbour": (
         ("broken_mrs_wrong_neighbour", "matmul_reduce_scatter", "4-x-auto"),
-        "out rows 0:3 on device 0 holds device 1's partial of rows 6:9 where its rows 0:3 belong",
-        "holds device 1's partial of rows 6:9",
+        "out rows 0:3 on device 0 holds devices 1, 3's partials of rows 6:9 where its rows 0:3 belong",
+        "holds devices 1, 3's partials of rows 6:9",
     ),
     "a partial counted twice": (
         ("broken_mrs_counts_own_partial_twice", "matmul_reduce_scatter", "4-x-auto"),
@@ -112,3 +112,67 @@ def test_a_baseline_wrong_on_the_same_inputs_is_named_as_the_cause(monkeypatch: 
     )
     assert says in str(wrong), str(wrong)
     assert "the defect is below the kernel" in (wrong.why or ""), wrong.why
+
+
+def _rs_counted_off(x, *, mesh, axis_name, split_columns: bool):
+    """A reduce-scatter ring that starts two blocks ahead, so every sum is the next ring position's: one
+    way, or with the left columns going left and the rest right (a column-split bidirectional ring)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    n = mesh.shape[axis_name]
+
+    def body(block):
+        partial = block[0]
+        m, me = partial.shape[0] // n, lax.axis_index(axis_name)
+        half = -(-partial.shape[1] // 2) if split_columns else partial.shape[1]
+
+        def rows(owner):
+            return lax.dynamic_slice_in_dim(partial, owner * m, m)
+
+        left, right = rows((me + 2) % n)[:, :half], rows((me - 2) % n)[:, half:]
+        for s in range(1, n):
+            left = (
+                lax.ppermute(left, axis_name, [(j, (j - 1) % n) for j in range(n)])
+                + rows((me + s + 2) % n)[:, :half]
+            )
+            right = (
+                lax.ppermute(right, axis_name, [(j, (j + 1) % n) for j in range(n)])
+                + rows((me - s - 2) % n)[:, half:]
+            )
+        return jnp.concatenate([left, right], axis=1)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=P(axis_name), out_specs=P(axis_name))(x)
+
+
+#: What the pattern line says, one way and with the columns split (the fixed shape's 8 columns).
+COUNTED_OFF = "a ring whose steps are counted off by 1"
+ONE_WAY = "holds, from every device's partial, the rows of the ring position 1 after its own: " + COUNTED_OFF
+BY_COLUMNS = (
+    "holds, from every device's partial, in columns 0:4 the rows of the ring position 1 after its own "
+    "and in columns 4:8 the rows of the ring position 1 before its own: " + COUNTED_OFF
+)
+
+
+@pytest.mark.parametrize("split_columns, says", [(False, ONE_WAY), (True, BY_COLUMNS)])
+def test_partials_a_ring_step_off_are_one_sentence(split_columns: bool, says: str) -> None:
+    """At n=8 a reduce-scatter ring counted one step off is one line, not a clause per device per block,
+    one-way or with its columns split between directions, and it is the summary's why."""
+    import functools
+
+    from conformance import registry
+
+    name = f"selftest_rs_counted_off{'_by_columns' * split_columns}"
+    registry.register("reduce_scatter", name=name, dtypes=("float32",), bidirectional=split_columns)(
+        functools.partial(_rs_counted_off, split_columns=split_columns)
+    )
+    try:
+        failure = _failure("reduce_scatter", name, "8-x-auto")
+    finally:
+        registry._REGISTRY["reduce_scatter"].pop(name, None)
+    text = str(failure)
+    assert "on device 0 holds every device's partials of" in text, text
+    assert says in text, text
+    assert failure.why and says in failure.why, failure.why
