@@ -54,6 +54,30 @@ def import_modules(modules: list[str]) -> None:
                 importlib.import_module(module)
         except Exception as e:
             raise KernelsModuleError(import_error(module, e)) from e
+        imported = sys.modules[module]
+        if getattr(imported, "__file__", None) is None and hasattr(imported, "__path__"):
+            raise KernelsModuleError(namespace_error(module, list(imported.__path__)))
+
+
+def namespace_error(module: str, folders: list[str]) -> str:
+    """The usage error of a ``--kernels`` name that Python found as a folder without ``__init__.py`` (a
+    namespace package: importing it runs nothing, so it registers no kernel), naming the modules in it."""
+    inside = sorted(
+        os.path.join(folder, name)
+        for folder in folders
+        for name in os.listdir(folder)
+        if name.endswith(".py")
+    )
+    hint = (
+        f"; the module is likely {inside[0]}: run from {os.path.dirname(inside[0])} or give its path, "
+        f"--kernels={os.path.relpath(inside[0])}"
+        if inside
+        else ""
+    )
+    return (
+        f"--kernels: {module!r} is the folder {', '.join(folders)}, which has no __init__.py: Python imports "
+        f"it as an empty namespace package, which registers no kernel{hint}"
+    )
 
 
 def import_error(module: str, error: BaseException) -> str:

@@ -479,6 +479,23 @@ def test_a_kernels_module_in_the_current_directory_imports_without_it_on_the_pat
     monkeypatch.delitem(sys.modules, "here_kernels_4f2")
 
 
+def test_a_kernels_folder_without_init_is_a_usage_error_naming_its_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--kernels=my_kernels`` run from the folder above the example's: Python imports the folder as an
+    empty namespace package, which registers nothing; the error names the module inside and its path."""
+    (tmp_path / "folder_kernels_9c1").mkdir()
+    (tmp_path / "folder_kernels_9c1" / "folder_kernels_9c1.py").write_text("LOADED = True\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(kernel_modules.KernelsModuleError) as refused:
+        kernel_modules.import_modules(["folder_kernels_9c1"])
+    monkeypatch.delitem(sys.modules, "folder_kernels_9c1")
+    said = str(refused.value)
+    assert "has no __init__.py" in said and "registers no kernel" in said, said
+    assert "--kernels=folder_kernels_9c1/folder_kernels_9c1.py" in said, said
+
+
 def test_a_kernels_module_not_on_the_path_says_how_python_finds_it(tmp_path: Path) -> None:
     done = _pytest(tmp_path, "-m", "cpu", "--kernels=not_here_kernels")
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
