@@ -13,7 +13,7 @@ from conformance import checks, claims
 from conformance.fixtures import devices as devices_lib
 from conformance.jobs import distributed
 from conformance.plugin import xdist_workers
-from conformance.reports import bench, failure_summary, provenance, results
+from conformance.reports import bench, failure_summary, html_page, provenance, results
 from conformance.run import interpret_outcomes
 from conformance.session import Session
 
@@ -274,7 +274,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         summary=failure_summary.summarize(outcomes(log)),
     )
     written = config.stash.setdefault(WRITTEN, {})
-    for path, write in ((json_path, results.write_json), (html_path, results.write_html)):
+    for path, write in ((json_path, results.write_json), (html_path, html_page.write_html)):
         if not path:
             continue
         try:  # made writable at configure; a disk that filled since must not lose the run's summary

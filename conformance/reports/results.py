@@ -38,19 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import html
 import json
-import math
 import os
 import pathlib
 import platform as platform_lib
-import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
-
-from conformance.reports import html_plots
 
 SCHEMA = "conformance-results/1"
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "not_claimed")
@@ -239,11 +234,11 @@ def matrix(outcomes: Iterable[Outcome]) -> dict[str, dict[str, Counter]]:
     return out
 
 
-def _cell(counts: Counter) -> str:
+def cell_text(counts: Counter) -> str:
     return " ".join(f"{counts[k]}{_LETTER[k]}" for k in _LETTER if counts[k])
 
 
-def _verdict(counts: Counter) -> str:
+def verdict_of(counts: Counter) -> str:
     if counts["failed"] or counts["xpassed"]:
         return "FAIL"
     if counts["passed"]:
@@ -267,10 +262,12 @@ def matrix_lines(outcomes: Iterable[Outcome]) -> list[str]:
     ]
     for impl, row in sorted(m.items()):
         total = sum((c for c in row.values()), Counter())
-        lines.append(f"{impl:<{width}}  {_verdict(total):<11} {_cell(total)}")
+        lines.append(f"{impl:<{width}}  {verdict_of(total):<11} {cell_text(total)}")
         for check in checks:
             if check in row:
-                lines.append(f"{'':<{width}}    {check:<22} {_verdict(row[check]):<11} {_cell(row[check])}")
+                lines.append(
+                    f"{'':<{width}}    {check:<22} {verdict_of(row[check]):<11} {cell_text(row[check])}"
+                )
     return lines
 
 
@@ -375,168 +372,6 @@ def write_json(path: str, document: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(document, f, indent=1, sort_keys=False)
         f.write("\n")
-
-
-_CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.5em 0}
-th,td{border:1px solid #ccc;padding:.25em .5em;text-align:center;white-space:nowrap}
-th{white-space:normal;vertical-align:bottom}
-th.impl,td.impl{text-align:left}
-td.ok{background:#dff3df}td.FAIL{background:#f6c8c8;font-weight:bold}
-td.not-claimed{background:#eee;color:#666}td.xfail{background:#e8e1f7}td.skipped{background:#fbf3d5}
-td.none{color:#bbb}
-pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px}
-details{margin:.4em 0}summary{cursor:pointer}
-.counts span{margin-right:1em}td.impl small{color:#666}.legend{color:#555;font-size:12px}
-.ladders{display:flex;flex-wrap:wrap;gap:.6em}svg.ladder{border:1px solid #eee;background:#fff}
-details.cause{margin:.3em 0 .3em 1em}details.cause>details{margin-left:1.5em}
-.why{margin-left:1.6em;font-size:90%;color:#444}
-.replay{margin-left:1.6em;font-size:90%;color:#444}
-pre.summary{background:#fbfbf4;border:1px solid #ddd;padding:.5em}
-"""
-
-
-def to_html(document: dict[str, Any]) -> str:
-    """One self-contained page: matrix, failures, tables."""
-    esc = html.escape
-    outcomes = document["outcomes"]
-    counts = document["counts"]
-    v = document["versions"]
-    checks = sorted({c for row in document["matrix"].values() for c in row})
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        "<title>Conformance results</title>",
-        f"<style>{_CSS}</style></head><body>",
-        "<h1>Conformance results</h1>",
-        f"<p>jax {esc(v['jax'])}, jaxlib {esc(v['jaxlib'])}, Python {esc(v['python'])}; "
-        f"{esc(document['platform']['host'])}; started {esc(document['started'])}, "
-        f"{document['duration_s']:.1f} s</p>",
-        '<p class="counts" id="counts">'
-        + "".join(
-            f'<span data-outcome="{k}">{esc(k.replace("_", " "))}: {n}</span>' for k, n in counts.items()
-        )
-        + "</p>",
-        '<h2 id="matrix">Implementations x checks</h2>',
-        '<p class="legend">Each cell: the verdict, then counts of tests (P passed, F failed, x xfailed, '
-        "X xpassed, n not claimed, s skipped).</p>",
-        '<table id="matrix-table"><thead><tr><th class="impl">implementation</th>'
-        + "".join(f"<th>{esc(c).replace('_', '_<wbr>')}</th>" for c in checks)
-        + "</tr></thead><tbody>",
-    ]
-    emulated_impls = {f"{o['family']}/{o['impl']}": o["emulated"] for o in outcomes if o.get("emulated")}
-    for impl, row in document["matrix"].items():
-        cells = []
-        for check in checks:
-            counts_here = Counter(row.get(check, {}))
-            if not counts_here:
-                cells.append('<td class="none">-</td>')
-                continue
-            verdict = _verdict(counts_here)
-            cells.append(
-                f'<td class="{verdict.replace(" ", "-")}" title="{esc(_cell(counts_here))}">'
-                f"{esc(verdict)}<br><small>{esc(_cell(counts_here))}</small></td>"
-            )
-        family, _, name = impl.partition("/")
-        label = f"<small>{esc(family)}</small><br>{esc(name)}"
-        if impl in emulated_impls:
-            label += (
-                f'<br><small class="emulated" title="{esc(emulated_impls[impl])}">ran emulated on CPU</small>'
-            )
-
-        out.append(f'<tr><td class="impl" title="{esc(impl)}">{label}</td>{"".join(cells)}</tr>')
-    out.append("</tbody></table>")
-    for label, ran in Counter(o["emulated"] for o in outcomes if o.get("emulated")).items():
-        out.append(f'<p class="legend" id="emulated">{ran} verdicts ran so: {esc(label)}</p>')
-    failures = [o for o in outcomes if o["outcome"] in ("failed", "xpassed")]
-    out.append(f'<h2 id="failures">Failures ({len(failures)})</h2>')
-    if document.get("summary"):  # the terminal's summary: each cause once, the patterns, where to start
-        out.append(f'<pre class="summary" id="summary">{esc(chr(10).join(document["summary"]))}</pre>')
-    out += _failures_by_cause(failures) if failures else ["<p>None.</p>"]
-    stale = document["known_failures"]["stale"]
-    if stale:
-        out.append(f'<h2 id="stale">Stale known-failure lines ({len(stale)})</h2><ul>')
-        out += [f"<li><code>{esc(s['file'])}:{s['line']}</code> {esc(s['pattern'])}</li>" for s in stale]
-        out.append("</ul>")
-    out.append('<h2 id="tables">Tables</h2>')
-    for t in document["tables"]:
-        out.append(f"<h3>{esc(t['title'])}</h3>")
-        figures = html_plots.ladder_figures(t.get("records") or [])
-        if figures:
-            out.append('<div class="ladders">' + "".join(figures) + "</div>")
-        out.append(f"<pre>{esc(chr(10).join(t['lines']))}</pre>")
-    not_claimed = [o for o in outcomes if o["outcome"] == "not_claimed"]
-    if not_claimed:
-        reasons = Counter(o["message"] for o in not_claimed)
-        out.append(f'<h2 id="not-claimed">Not claimed ({len(not_claimed)})</h2><ul>')
-        out += [f"<li>{n} x {esc(r)}</li>" for r, n in reasons.most_common()]
-        out.append("</ul>")
-    out.append(f'<p class="legend">command: <code>{esc(" ".join(document["command"]))}</code></p>')
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
-
-
-def _case_size(outcome: dict[str, Any]) -> tuple[int, int, int, str]:
-    """A failing test's size for ordering, as the terminal's summary orders cases
-    (:meth:`conformance.runner.Case.size_key`): fewer devices, then fewer elements, then a narrower
-    dtype, read from its case token (``MESH:DIM=V,...:DTYPE:seed=S``); a test without one last."""
-    token = str(outcome.get("case") or "")
-    parts = token.split(":")
-    if len(parts) < 3 or not re.fullmatch(r"\d+(x\d+)*", parts[0].split("-")[0]):
-        return (1 << 62, 0, 0, outcome["id"])
-    devices = math.prod(int(n) for n in parts[0].split("-")[0].split("x"))
-    elements = math.prod(int(v) for _, v in re.findall(r"(\w+)=(\d+)", parts[1]))
-    bits = re.search(r"\d+", parts[2])
-    return devices, elements, int(bits[0]) if bits else 0, outcome["id"]
-
-
-def _failures_by_cause(failures: list[dict[str, Any]]) -> list[str]:
-    """The failures as the terminal's summary groups them: per implementation, each cause (a check's
-    one-line verdict) once, with how many tests it failed, in which checks, its smallest case and
-    replay line; every test's own message folded under it."""
-    esc = html.escape
-    by_impl: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for o in failures:
-        impl = f"{o.get('family')}/{o.get('impl')}" if o.get("impl") else o["id"].split("::")[0]
-        cause = o.get("what") or (o["message"].splitlines() or ["(no message)"])[0]
-        by_impl[impl][cause].append(o)
-    out = []
-    for impl, causes in sorted(by_impl.items(), key=lambda kv: -sum(map(len, kv[1].values()))):
-        total = sum(map(len, causes.values()))
-        out.append(f'<section class="cause-group"><h3>{esc(impl)}: {total} failed</h3>')
-        for cause, group in sorted(causes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-            first = min(group, key=_case_size)
-            checks = Counter(o.get("check") or "?" for o in group)
-            where = ", ".join(f"{c} {n}" for c, n in checks.most_common())
-            out.append(
-                f'<details class="cause"><summary><b>{len(group)}x</b> {esc(cause)} '
-                f"<small>(in {esc(where)})</small>"
-                + (f'<br><span class="why">why: {esc(first["why"])}</span>' if first.get("why") else "")
-                + (
-                    f'<br><span class="replay">replay: <code>{esc(first["replay"])}</code></span>'
-                    if first.get("replay")
-                    else ""
-                )
-                + "</summary>"
-                f"<p>smallest: <code>{esc(first['id'])}</code></p>" + f"<pre>{esc(first['message'])}</pre>"
-            )
-            for o in sorted(group, key=_case_size):
-                if o is first:
-                    continue
-                out.append(
-                    f'<details class="failure"><summary><code>{esc(o["id"])}</code> ({esc(o["outcome"])})'
-                    f"</summary><pre>{esc(o['message'])}</pre></details>"
-                )
-            out.append("</details>")
-        out.append("</section>")
-    return out
-
-
-def write_html(path: str, document: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(to_html(document))
 
 
 def command_line(args: Sequence[str] | None = None) -> list[str]:

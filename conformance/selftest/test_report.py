@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 
 import pytest
 
 from conformance.checks import ConformanceFailure
 from conformance.fixtures.meshes import MESH_CONFIGS, parse_mesh
-from conformance.reports import failure_summary, results
+from conformance.reports import failure_summary, html_page, results
 from conformance.runner import Case
 
 pytestmark = pytest.mark.selftest
@@ -262,15 +263,18 @@ def _ladder_document() -> dict:
 
 
 def test_the_html_page_groups_failures_by_cause_and_draws_the_ladders() -> None:
-    page = results.to_html(_ladder_document())
-    assert page.count('class="cause-group"') == 1, "one kernel failed"
-    assert page.count('class="cause"') == 2, "two causes, each once"
+    page = html_page.to_html(_ladder_document())
+    assert page.count('<section class="kernel"') == 2 and page.count(" failed</h3>") == 1, "one kernel failed"
+    assert page.count('<section class="cause"') == 2, "two causes, each once"
     assert f"<b>3x</b> {WRONG}" in page and "<b>1x</b> transfers exposed" in page
-    # each cause's replay line shown without unfolding it, before its smallest case's message
-    replay = page.index('<span class="replay">replay: <code>python -m conformance replay values')
-    assert replay < page.index("</summary>") < page.index("smallest: <code>all_gather/")
+    # each cause open: its replay line (with a copy button) before its smallest case's message
+    replay = page.index('<p class="replay">replay: <code>python -m conformance replay values')
+    assert replay < page.index('class="copy"') < page.index("smallest: <code>all_gather/"), page
     # the terminal's summary above the causes: where to start and why there
-    assert page.index('<pre class="summary"') < page.index('class="cause-group"'), page
+    assert page.index('<pre class="summary"') < page.index('<section class="kernel"'), page
+    # a failing cell links to its cause, an implementation to its section
+    assert f'<a href="#cause-{html_page.slug(FAMILY + "/" + IMPL)}-1">FAIL' in page, page
+    assert f'<a href="#kernel-{html_page.slug(FAMILY + "/" + IMPL)}">' in page, page
     assert f"3x {WRONG}" in page[page.index('<pre class="summary"') :], page
     assert page.count('<svg class="ladder"') == 3, "one plot per ladder table"
     assert page.count('class="series"') == 7 and 'stroke-dasharray="5 3"' in page, "baseline dashed"
@@ -293,7 +297,7 @@ def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
             "chromium is not installed: the HTML report is checked in a real browser (.ci/run installs it)"
         )
     path = tmp_path / "report.html"
-    results.write_html(str(path), _ladder_document())
+    html_page.write_html(str(path), _ladder_document())
     profile = tmp_path / "profile"
     dom = subprocess.run(
         [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", path.as_uri()],
@@ -320,6 +324,123 @@ def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
         timeout=120,
     )
     assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
+
+
+#: Measures the page as the browser laid it out, into an attribute of its body (the test's own script,
+#: added to a copy of the page: the report itself runs none but its copy buttons').
+_MEASURE = """<script>
+const box = document.querySelector('.matrix-scroll'), edge = box.getBoundingClientRect();
+const links = [...document.querySelectorAll('a[href^="#"]')];
+document.body.setAttribute('data-measured', JSON.stringify({
+  windowWidth: innerWidth, boxRight: edge.right, scrolls: box.scrollWidth > box.clientWidth,
+  firstColumn: getComputedStyle(document.querySelector('#matrix-table td.impl')).position,
+  headers: document.querySelectorAll('#matrix-table th').length,
+  unreachable: [...document.querySelectorAll('#matrix-table th')].filter(
+    th => th.getBoundingClientRect().right - edge.left > box.scrollWidth + 1).length,
+  links: links.length,
+  unresolved: links.map(a => a.getAttribute('href')).filter(h => !document.getElementById(h.slice(1))),
+  summaryScrolls: (s => s.scrollWidth > s.clientWidth)(document.querySelector('pre.summary')),
+}));
+</script>"""
+
+
+def _wide_document() -> dict:
+    """A run over 32 checks (wider than 1400 px) with a failure in each of two kernels."""
+    import datetime
+
+    checks = [f"check_number_{i:02d}" for i in range(32)]
+    outcomes = [
+        results.Outcome(
+            id=f"{impl}/{c}", nodeid=f"t[{impl}-{c}]", outcome="passed", family=FAMILY, impl=impl, check=c
+        )
+        for impl in (IMPL, "ring")
+        for c in checks[1:]
+    ] + [
+        results.Outcome(
+            id=f"{FAMILY}/{impl}/{checks[0]}",
+            nodeid=f"t[{impl}]",
+            outcome="failed",
+            family=FAMILY,
+            impl=impl,
+            check=checks[0],
+            message=f"[{checks[0]}] {WRONG}\n  " + "a long line of the failure " * 20,
+            case="8-x-auto:rows_per_shard=1,cols=128:float32:seed=0",
+            replay=f"python -m conformance replay {checks[0]} {FAMILY} {impl} 8-x-auto",
+            what=WRONG,
+        )
+        for impl in (IMPL, "ring")
+    ]
+    summary = ["a summary line " * 30]
+    return results.to_json(
+        outcomes,
+        [],
+        started=datetime.datetime(2026, 1, 1),
+        duration_s=1.0,
+        stale=[],
+        command=["pytest"],
+        summary=summary,
+    )
+
+
+def test_the_html_page_holds_a_wide_matrix_and_every_link_resolves_in_a_browser(tmp_path) -> None:
+    """At 1400 px a matrix of 32 checks scrolls in its own box with its first column held, every
+    column inside the box, every in-page link (failing cells, implementations, the navigation) lands on
+    an element, and the summary wraps rather than scrolls; the screenshot is kept beside the page."""
+    import json
+    import shutil
+    import subprocess
+
+    from conformance.selftest.test_downstream import CHROMIUM_FLAGS
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail(
+            "chromium is not installed: the HTML report is checked in a real browser (.ci/run installs it)"
+        )
+    page = html_page.to_html(_wide_document())
+    assert "<script" not in page, "the report runs no script of its own"
+    measured_page = tmp_path / "measured.html"
+    measured_page.write_text(page.replace("</body>", _MEASURE + "</body>"))
+    profile = tmp_path / "profile"
+    window = ("--window-size=1400,1000",)
+    dom = subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            *window,
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            measured_page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'data-measured="([^"]*)"', dom.stdout)
+    assert found, dom.stdout[-2000:]
+    measured = json.loads(html.unescape(found.group(1)))
+    assert measured["headers"] == 33 and measured["unreachable"] == 0, measured
+    assert measured["boxRight"] <= measured["windowWidth"], measured  # the box is not cut off the page
+    assert measured["scrolls"] and measured["firstColumn"] == "sticky", measured
+    assert measured["links"] >= 8 and measured["unresolved"] == [], measured
+    assert not measured["summaryScrolls"], measured
+    shot = tmp_path / "wide-report.png"
+    done = subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            *window,
+            f"--user-data-dir={profile}",
+            f"--screenshot={shot}",
+            measured_page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
+    print(f"screenshot: {shot}")
 
 
 def test_the_html_page_starts_where_the_terminal_does() -> None:
@@ -349,7 +470,7 @@ def test_the_html_page_starts_where_the_terminal_does() -> None:
     document = results.to_json(
         failed, [], started=datetime.datetime(2026, 1, 1), duration_s=1.0, stale=[], command=["pytest"]
     )
-    page = results.to_html(document)
+    page = html_page.to_html(document)
     assert f"smallest: <code>{FAMILY}/{IMPL}/values/2-x-auto</code>" in page, page[-3000:]
 
 
@@ -370,9 +491,9 @@ def test_a_cause_says_why_in_the_summary_and_the_page() -> None:
     document = results.to_json(
         [verdict], [], started=datetime.datetime(2026, 1, 1), duration_s=1.0, stale=[], command=["pytest"]
     )
-    page = results.to_html(document)
-    summary = page[page.index('<details class="cause"><summary>') :]
-    summary = summary[: summary.index("</summary>")]
+    page = html_page.to_html(document)
+    summary = page[page.index('<section class="cause"') :]
+    summary = summary[: summary.index("<pre>")]
     assert "why: out rows 3:6 on device 0 holds device 3&#x27;s block" in summary, summary
 
 
