@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from conformance import compat, hlo, runner, tolerances
@@ -107,7 +108,7 @@ def rounded_where_exact(case: Case, grad: Any, exact: np.ndarray) -> list[str]:
     wrong = error > 0
     np_dtype = runner.np_dtype(case.dtype)
     ulps = error[wrong] / (
-        float(np.finfo(np_dtype).eps) * np.maximum(np.abs(exact[wrong]), np.finfo(np_dtype).tiny)
+        float(jnp.finfo(np_dtype).eps) * np.maximum(np.abs(exact[wrong]), jnp.finfo(np_dtype).tiny)
     )
     if not wrong.any() or not np.all(ulps <= case.mesh.axis_size):  # a rounding per ring step at most
         return []
