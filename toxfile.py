@@ -125,9 +125,8 @@ def share_identical_files(env_dir: Path) -> tuple[int, int]:
 def tox_before_run_commands(tox_env: Any) -> None:
     linked, saved = share_identical_files(Path(tox_env.env_dir))
     if linked:
-        logging.getLogger("tox").warning(
-            "%s: %d installed files (%.1f GB) now share one copy with a sibling env's by hard link",
-            tox_env.name,
+        logging.getLogger("tox").warning(  # tox's log names the env at the start of the line
+            "%d installed files (%.2f GB) now share one copy with a sibling env's by hard link",
             linked,
             saved / 1e9,
         )
