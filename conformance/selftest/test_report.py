@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -285,10 +288,9 @@ def test_the_html_page_groups_failures_by_cause_and_draws_the_ladders() -> None:
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
 
 
-def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
-    import shutil
-    import subprocess
-
+def _in_browser(profile: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium on ``page`` with ``args`` and a profile of the test's own; the test fails
+    where no Chromium is installed (the page is judged in a real browser: .ci/run installs it)."""
     from conformance.selftest.test_downstream import CHROMIUM_FLAGS
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -296,33 +298,24 @@ def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
         pytest.fail(
             "chromium is not installed: the HTML report is checked in a real browser (.ci/run installs it)"
         )
-    path = tmp_path / "report.html"
-    html_page.write_html(str(path), _ladder_document())
-    profile = tmp_path / "profile"
-    dom = subprocess.run(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", path.as_uri()],
+    return subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_the_html_page_renders_its_plots_in_a_browser(tmp_path) -> None:
+    path = tmp_path / "report.html"
+    html_page.write_html(str(path), _ladder_document())
+    dom = _in_browser(tmp_path / "profile", path, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     shown = dom.stdout
     assert shown.count('class="series"') == 7 and shown.count("<svg") == 3, shown[:3000]
     assert shown.count('class="limit"') == 2 and shown.count('class="missing"') == 1, shown[:3000]
     shot = tmp_path / "report.png"
-    done = subprocess.run(
-        [
-            chromium,
-            *CHROMIUM_FLAGS,
-            f"--user-data-dir={profile}",
-            "--window-size=1400,1400",
-            f"--screenshot={shot}",
-            path.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _in_browser(tmp_path / "profile", path, "--window-size=1400,1400", f"--screenshot={shot}")
     assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
 
 
@@ -387,35 +380,13 @@ def test_the_html_page_holds_a_wide_matrix_and_every_link_resolves_in_a_browser(
     column inside the box, every in-page link (failing cells, implementations, the navigation) lands on
     an element, and the summary wraps rather than scrolls; the screenshot is kept beside the page."""
     import json
-    import shutil
-    import subprocess
 
-    from conformance.selftest.test_downstream import CHROMIUM_FLAGS
-
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.fail(
-            "chromium is not installed: the HTML report is checked in a real browser (.ci/run installs it)"
-        )
     page = html_page.to_html(_wide_document())
     assert "<script" not in page, "the report runs no script of its own"
     measured_page = tmp_path / "measured.html"
     measured_page.write_text(page.replace("</body>", _MEASURE + "</body>"))
-    profile = tmp_path / "profile"
-    window = ("--window-size=1400,1000",)
-    dom = subprocess.run(
-        [
-            chromium,
-            *CHROMIUM_FLAGS,
-            *window,
-            f"--user-data-dir={profile}",
-            "--dump-dom",
-            measured_page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    window = "--window-size=1400,1000"
+    dom = _in_browser(tmp_path / "profile", measured_page, window, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     found = re.search(r'data-measured="([^"]*)"', dom.stdout)
     assert found, dom.stdout[-2000:]
@@ -426,19 +397,7 @@ def test_the_html_page_holds_a_wide_matrix_and_every_link_resolves_in_a_browser(
     assert measured["links"] >= 8 and measured["unresolved"] == [], measured
     assert not measured["summaryScrolls"], measured
     shot = tmp_path / "wide-report.png"
-    done = subprocess.run(
-        [
-            chromium,
-            *CHROMIUM_FLAGS,
-            *window,
-            f"--user-data-dir={profile}",
-            f"--screenshot={shot}",
-            measured_page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _in_browser(tmp_path / "profile", measured_page, window, f"--screenshot={shot}")
     assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
     print(f"screenshot: {shot}")
 
