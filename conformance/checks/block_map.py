@@ -27,6 +27,7 @@ import numpy as np
 
 from conformance import runner
 from conformance.blame import error_text
+from conformance.checks import block_picture
 from conformance.runner import Case
 
 #: How the line saying the family's baseline is wrong too begins (conformance.checks.base).
@@ -209,6 +210,7 @@ def _where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax
     found: dict[Slot, list[Finding]] = {}
     pieces: dict[Slot, dict[int, tuple[tuple[int, int, float], ...]]] = {}  # a partial's column runs
     scaled: list[tuple[Slot, int, float, float]] = []  # every wrong row: its slot, row, got, want
+    tagged: dict[Slot, list[tuple[np.ndarray, np.ndarray]]] = {}  # each run's row tags, got and wanted
     unit = spec.block_unit
     one_run = unit in ("block", "group")
     runs: list[tuple[int, ...]] = [tuple(range(n))] if one_run else [(s,) for s in range(n)]
@@ -241,6 +243,7 @@ def _where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax
                 mine = data[..., lo - first_row : hi - first_row, :]
                 theirs = expected[(*index[:-2], slice(lo, hi), index[-1])]
                 got, want = _row_tags(mine), _row_tags(theirs)
+                tagged.setdefault(slot, []).append((got, want))
                 scaled.extend(
                     (slot, i, g, w)
                     for i, (g, w) in enumerate(zip(got.tolist(), want.tolist(), strict=True))
@@ -295,6 +298,7 @@ def _where_blocks_landed(case: Case, run: Callable[[tuple[np.ndarray, ...]], jax
         lines
         + _patterns(wrong, found, n, per_block, unit, device)
         + _partials_shifted(wrong, pieces, n, unit)
+        + block_picture.of_slots(found, tagged, coords, ring, n)
     )
 
 

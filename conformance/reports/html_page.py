@@ -5,8 +5,9 @@ What a person opens instead of the terminal: the implementation x check matrix (
 sticky where the checks run past the window, each failing cell a link to the cause it failed with),
 the terminal's failure summary, wrapped, then a section per kernel, each of its causes a section of
 its own shown open (the verdict, why, the smallest failing case's message and its replay line with a
-copy button; the cause's other failures folded under it), and the tables with their plots. It works
-offline: no script but a copy button's one line, no request to any host.
+copy button, the block map drawn as a grid where the message has one; the cause's other failures
+folded under it), and the tables with their plots. It works offline: no script but a copy button's
+one line, no request to any host.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
+from conformance.checks import block_picture
 from conformance.reports import html_plots
 from conformance.reports.results import cell_text, verdict_of
 
@@ -45,6 +47,10 @@ section.cause{margin:.3em 0 .8em 1em;padding-left:.6em;border-left:3px solid #e0
 .why,.replay{font-size:90%;color:#333;margin:.2em 0}
 .replay code{background:#f3f3f3;padding:.1em .3em;word-break:break-all}
 button.copy{font-size:11px;margin-left:.5em}
+table.blocks{margin:.3em 0 .5em}table.blocks td,table.blocks th{min-width:1.6em;padding:.1em .3em;
+font:12px monospace}table.blocks td.label,table.blocks th.label{text-align:left;background:#fff}
+td.b-right{background:#dff3df;color:#8a8}td.b-zeros{background:#ddd}td.b-mixed{background:#f8d9a8}
+td.b-other{background:#f6a8a8;font-weight:bold}td.b-none{border-color:#eee}
 pre.summary{background:#fbfbf4;border:1px solid #ddd;padding:.5em;white-space:pre-wrap;overflow-x:visible}
 """
 
@@ -227,7 +233,9 @@ def _kernels(document: dict[str, Any], causes: Causes) -> list[str]:
                     f'<p class="replay">replay: <code>{esc(first["replay"])}</code><button type="button" '
                     f'class="copy" onclick="{_COPY}">copy</button></p>'
                 )
-            out.append(f"<p>smallest: <code>{esc(first['id'])}</code></p><pre>{esc(first['message'])}</pre>")
+            out.append(f"<p>smallest: <code>{esc(first['id'])}</code></p>")
+            out += _picture(first["message"])
+            out.append(f"<pre>{esc(first['message'])}</pre>")
             for o in group[1:]:
                 out.append(
                     f'<details class="failure"><summary><code>{esc(o["id"])}</code> ({esc(o["outcome"])})'
@@ -236,6 +244,38 @@ def _kernels(document: dict[str, Any], causes: Causes) -> list[str]:
             out.append("</section>")
         out.append("</section>")
     return out
+
+
+#: A block picture's cell class and what its mark means (conformance.checks.block_picture).
+_MARKS = {
+    block_picture.RIGHT: ("b-right", "right"),
+    block_picture.ZEROS: ("b-zeros", "zeros"),
+    block_picture.MIXED: ("b-mixed", "mixed, or only part right"),
+    "": ("b-none", "not on this device"),
+}
+
+
+def _picture(message: str) -> list[str]:
+    """The block map's picture in a failure message as a coloured grid (devices by row blocks, each
+    cell whose row block it holds), or nothing where the message has none."""
+    picture = block_picture.parse(message)
+    if picture is None:
+        return []
+    esc = html.escape
+    out = [
+        '<table class="blocks"><tr><th class="label">block map</th>'
+        + "".join(f"<th>{esc(b)}</th>" for b in picture.blocks)
+        + "</tr>"
+    ]
+    for label, cells in picture.rows:
+        tds = []
+        for block, mark in zip(picture.blocks, cells, strict=True):
+            css, said = _MARKS.get(mark, ("b-other", f"holds row block {mark}'s data"))
+            tds.append(
+                f'<td class="{css}" title="{esc(label)}, block {esc(block)}: {esc(said)}">{esc(mark)}</td>'
+            )
+        out.append(f'<tr><td class="label">{esc(label)}</td>{"".join(tds)}</tr>')
+    return [*out, "</table>"]
 
 
 def case_size(outcome: dict[str, Any]) -> tuple[int, int, int, str]:

@@ -176,3 +176,26 @@ def test_partials_a_ring_step_off_are_one_sentence(split_columns: bool, says: st
     assert "on device 0 holds every device's partials of" in text, text
     assert says in text, text
     assert failure.why and says in failure.why, failure.why
+
+
+def test_the_block_map_draws_a_picture_the_report_reads_back() -> None:
+    """The wrong slots as a grid of devices by row blocks, each cell whose row block it holds: on a
+    reversed ring of 8 whose neighbours are taken by device id, rows in ring order (device 7 first) and
+    every wrong block a number; a dropped position's block a column of zeros down the diagonal."""
+    from conformance.checks import block_picture
+
+    picture = block_picture.parse(
+        str(_failure("allgather_matmul", "broken_ring_in_device_id_order", "8-x-auto-reversed"))
+    )
+    assert picture is not None and picture.blocks == tuple(str(b) for b in range(8)), picture
+    assert [label for label, _ in picture.rows] == [f"device {7 - p} (p{p})" for p in range(8)], picture
+    assert picture.rows[0][1] == (".", "7", "6", "5", ".", "3", "2", "1"), picture
+    assert sum(cells.count(".") for _, cells in picture.rows) == 16, "16 of 64 blocks right"
+    dropped = block_picture.parse(
+        str(_failure("allgather_matmul", "broken_bidirectional_split_assumes_even_ring", "3-x-auto"))
+    )
+    assert dropped is not None and [cells for _, cells in dropped.rows] == [
+        (".", ".", "-"),
+        ("-", ".", "."),
+        (".", "-", "."),
+    ], dropped

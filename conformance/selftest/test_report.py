@@ -456,6 +456,39 @@ def test_a_cause_says_why_in_the_summary_and_the_page() -> None:
     assert "why: out rows 3:6 on device 0 holds device 3&#x27;s block" in summary, summary
 
 
+def test_a_cause_with_a_block_map_draws_it_as_a_grid() -> None:
+    """The block map's picture in a failure's message becomes a coloured grid in its cause's section:
+    a cell per device and row block, classed by what it holds; a message without one draws none."""
+    import datetime
+
+    from conformance.checks import block_picture
+
+    cells = {("device 0 (p0)", 0): ".", ("device 0 (p0)", 1): "2", ("device 1 (p1)", 0): "-"}
+    cells[("device 1 (p1)", 1)] = "?"
+    drawn = block_picture.lines(cells, ["device 0 (p0)", "device 1 (p1)"], 2)
+    message = "\n".join([f"[values] {WRONG}", *("  " + line for line in drawn), "  replay: ..."])
+    verdict = _outcome("values", "failed", None, _case("2-x-auto", 3), WRONG)
+    verdict.message = message
+    document = results.to_json(
+        [verdict], [], started=datetime.datetime(2026, 1, 1), duration_s=1.0, stale=[], command=["pytest"]
+    )
+    page = html_page.to_html(document)
+    grid = page[
+        page.index('<table class="blocks">') : page.index("</table>", page.index('<table class="blocks">'))
+    ]
+    assert grid.count("<tr>") == 3 and "<th>0</th><th>1</th>" in grid, grid
+    for css in ("b-right", "b-other", "b-zeros", "b-mixed"):
+        assert grid.count(f'class="{css}"') == 1, (css, grid)
+    assert "device 0 (p0), block 1: holds row block 2&#x27;s data" in grid, grid
+    verdict.message = f"[values] {WRONG}"
+    plain = html_page.to_html(
+        results.to_json(
+            [verdict], [], started=datetime.datetime(2026, 1, 1), duration_s=1.0, stale=[], command=["pytest"]
+        )
+    )
+    assert '<table class="blocks">' not in plain
+
+
 def _with_why(check: str, case: Case, what: str, why: str | None) -> results.Outcome:
     error = ConformanceFailure(what)
     error.case, error.check, error.what, error.why = case, check, what, why
