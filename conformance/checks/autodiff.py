@@ -282,7 +282,7 @@ def check_backward_collectives(case: Case) -> ByteRecord:
         return record
     with keeping([record]):
         allowed = spec.backward_allowed_collectives
-        ops = [f"  {op.describe()}" for op in summary.ops] + counted or ["  (none)"]
+        ops = summary.byte_lines(summed=not counted) + counted
         problems = audit.forbidden(allowed)
         if problems:
             allowed_text = hlo.allowed_text(allowed)

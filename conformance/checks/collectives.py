@@ -112,7 +112,7 @@ def check_collectives(case: Case) -> ByteRecord | None:
     kept = None if impl.pallas and not summary.ops else record  # a DMA-only kernel's bytes are invisible
     if impl.baseline:
         return kept
-    ops = [f"  {op.describe()}" for op in summary.ops] or ["  (none)"]
+    ops = summary.byte_lines(summed=not counted)
     allowed = allowed_collectives(case)
     bad = hlo.disallowed(summary, allowed)
     with keeping(records_of(kept)):
@@ -216,17 +216,18 @@ def wider_transfers(case: Case, summaries: Iterable[hlo.CollectiveSummary], *, b
     if not wider or not jnp.issubdtype(runner.np_dtype(case.dtype), jnp.floating):
         return []
     moved = "/".join(wider)
+    operand = runner.np_dtype(case.dtype).name  # a mixed pair's operands (float8_e4m3fn of float8_..._to_...)
     if backward:
         return [
             f"wider dtype    : the backward moves {moved} in a {case.dtype} run: the transpose of a forward "
             "that widens to float32 before its ring (float32 accumulators) carries the cotangent in "
-            f"float32, twice the bytes; a custom_vjp can move the cotangent in {case.dtype} and widen it "
+            f"float32, twice the bytes; a custom_vjp can move the cotangent in {operand} and widen it "
             "where it adds"
         ]
     return [
         f"wider dtype    : the forward moves {moved} in a {case.dtype} run: values cross the ring in the "
-        f"accumulators' dtype where the family's bound counts {case.dtype}; round to {case.dtype} before "
-        "a transfer the bound counts in it"
+        f"accumulators' dtype where the family's bound counts {operand}; move the {operand} operands, or "
+        f"round to {operand} before a transfer the bound counts in it"
     ]
 
 
@@ -265,7 +266,7 @@ def _lower_each(case: Case, passes: list, records: list[ByteRecord], host_limite
                     received,
                     bound,
                     bound_text,
-                    [f"  {op.describe()}" for op in summary.ops]
+                    summary.byte_lines(summed=not counted)
                     + counted
                     + wider_transfers(case, [summary], backward=name == "backward")
                     + (
@@ -350,7 +351,7 @@ def _compiled_module_bytes(
         records.append(ByteRecord.of(case, summary, bound, where=where, received=received))
         if impl.baseline:
             continue
-        ops = [f"  {op.describe()}" for op in summary.ops]
+        ops = summary.byte_lines(summed=not counted)
         allowed = spec.backward_allowed_collectives if backward else allowed_collectives(case)
         bad = hlo.disallowed(summary, allowed)
         if bad:

@@ -437,3 +437,30 @@ def test_stablehlo_ragged_all_to_all_is_read_from_its_custom_call_and_another_fo
     )
     with pytest.raises(hlo.HloParseError, match="ragged all-to-all in a form not listed"):
         hlo.parse_stablehlo(generic)
+
+
+def test_byte_lines_give_each_collective_its_bytes_and_sum_to_what_the_device_receives() -> None:
+    """A bytes failure's list: each collective with the bytes its runs deliver to the device that receives
+    most, summing to the module's count; a permute that skips device 3 makes device 1 the one named."""
+    summary = hlo.parse_hlo(LOOPED)
+    lines = summary.byte_lines()
+    assert len(lines) == len(summary.ops) + 1, lines
+    figures = [int(re.search(r": (\d+) bytes$", line)[1]) for line in lines[:-1]]
+    assert sum(figures) == summary.received_bytes_per_device(), (figures, lines)
+    assert lines[-1] == f"  in all: {summary.received_bytes_per_device()} bytes to each device, per call", (
+        lines
+    )
+    uneven = hlo.CollectiveSummary(
+        (
+            hlo.CollectiveOp(
+                "collective-permute", "sync", "cp", "main", (hlo.Shape("f32", (4, 8)),), (), ((0, 1), (2, 1))
+            ),
+            hlo.CollectiveOp(
+                "collective-permute", "sync", "cq", "main", (hlo.Shape("f32", (2, 8)),), (), ((1, 2),)
+            ),
+        )
+    )
+    assert uneven.byte_lines()[-1] == "  in all: 128 bytes to device 1, which receives most, per call"
+    assert uneven.byte_lines(summed=False)[-1].endswith("[cq]: 0 bytes")
+    looped = hlo.parse_hlo(LOOPED.replace(', backend_config={"known_trip_count":{"n":"3"}}', ""))
+    assert looped.byte_lines()[-1] == "  in all: unbounded (a loop of unknown trip count), per call"
