@@ -470,29 +470,3 @@ def test_the_jax_ends_run_the_layout_at_the_dtypes_the_sweep_names() -> None:
     )
     drifted = tox_ini.read_text().replace(" or ".join(LAYOUT_WIDTHS), "float32 or bfloat16 or int8")
     assert layout_clause_of(drifted) != " or ".join(LAYOUT_WIDTHS)  # a drifted list is caught
-
-
-def test_the_longest_self_test_modules_go_first_by_name() -> None:
-    """conformance/selftest/conftest.py names modules that exist, once each; its order puts them first,
-    each module's tests kept together and in their own order."""
-    import types
-
-    from conformance.selftest import conftest as order
-
-    here = Path(order.__file__).parent
-    missing = [name for name in order.LONGEST_FIRST if not (here / f"{name}.py").exists()]
-    assert not missing and len(set(order.LONGEST_FIRST)) == len(order.LONGEST_FIRST), missing
-
-    class Item:
-        def __init__(self, module: str, n: int) -> None:
-            self.module = types.SimpleNamespace(__name__=module)
-            self.n = n
-
-    items = [Item("conformance.selftest.test_hlo", 0), Item("conformance.selftest.test_multiprocess", 1)]
-    items += [
-        Item("conformance.tests.test_all_gather", 2),
-        Item("conformance.selftest.test_plugin_options", 3),
-    ]
-    items += [Item("conformance.selftest.test_multiprocess", 4)]
-    order.pytest_collection_modifyitems(items)  # type: ignore[arg-type]
-    assert [i.n for i in items] == [3, 1, 4, 0, 2], [i.n for i in items]
