@@ -38,6 +38,10 @@ EXPECTED_PASS: dict[str, set[str]] = {
     # Written as JAX's Pallas TPU tutorial writes its kernels: no interpret= keyword, its pallas_call
     # built inside the call, so the suite runs it with TPU interpret mode forced while it is traced.
     "correct_pallas_ring_without_interpret_keyword": {"test_values", "test_races", "test_eager"},
+    # XLA's own op as a user calls it: lax.psum of each device's partial, no validation, any number of
+    # rows. bad_inputs once held an all-reduce to refusing rows that do not divide by the ring, which
+    # every sum of partials takes: a false failure of the plainest all-reduce there is.
+    "correct_all_reduce_plain_psum": {"test_bad_inputs", "test_values", "test_output_sharding", "test_eager"},
     # No validation of its own: shard_map's divisibility error names the values. On an Explicit mesh
     # JAX also refuses valid replicated inputs, so bad_inputs must judge it on the Auto twin.
     "correct_allgather_matmul_without_validation": {"test_bad_inputs", "test_values", "test_eager"},
@@ -667,3 +671,14 @@ def correct_pallas_hbm_rs_emit_pipeline(x, *, mesh, axis_name, interpret=False):
         tile=tile,
         pipeline=_emit_pipeline,
     )
+
+
+@conformance.register(
+    "all_reduce", name="correct_all_reduce_plain_psum", dtypes=("float32", "bfloat16", "int32")
+)
+def correct_all_reduce_plain_psum(x, *, mesh, axis_name):
+    """``lax.psum`` of the partials under ``shard_map``, as a user writes it: no check of its own on the
+    rows (any number has a sum), the axis name left to JAX's own error."""
+    return jax.shard_map(
+        lambda block: lax.psum(block[0], axis_name), mesh=mesh, in_specs=P(axis_name), out_specs=P()
+    )(x)

@@ -35,7 +35,7 @@ def _partial_sums_received(d: Dims, n: int, itemsize: int) -> int:
 
 ALL_REDUCE = FamilySpec(
     name="all_reduce",
-    **reduction.SHARED_FIELDS,
+    **{**reduction.SHARED_FIELDS, "bad_inputs": reduction.replicated_bad_inputs},
     summary="x[n,M,cols] P(axis) (each device's partial) -> x.sum(0), [M,cols] replicated, P()",
     out_spec=lambda a: P(),
     allowed_collectives=frozenset({"collective-permute", "all-reduce", "reduce-scatter", "all-gather"}),

@@ -49,7 +49,8 @@ def scattered_blocks_received(d: Dims, n: int, itemsize: int) -> int:
 
 
 def bad_inputs(n: int) -> tuple[BadInput, ...]:
-    """Partials whose rows do not divide by the ring, and an axis the mesh lacks."""
+    """A reduce-scatter's: partials whose rows do not divide by the ring (its result is cut into ``n``
+    row blocks), and an axis the mesh lacks."""
     rows_bad = 2 * n + 1
     divisibility = (
         BadInput(
@@ -59,7 +60,15 @@ def bad_inputs(n: int) -> tuple[BadInput, ...]:
             (str(rows_bad), str(n)),
         ),
     )
-    unknown_axis = (
+    # every size is divisible by a ring of one: there the only forbidden input is the unknown axis
+    return (divisibility if n > 1 else ()) + replicated_bad_inputs(n)
+
+
+def replicated_bad_inputs(n: int) -> tuple[BadInput, ...]:
+    """An all-reduce's: an axis the mesh lacks. Partials of any number of rows have a sum (``lax.psum``
+    takes them), so rows that do not divide by the ring are not forbidden: a kernel may refuse them
+    (it is never given them) or pad its blocks."""
+    return (
         BadInput(
             "axis_name 'nonexistent_axis' is not a mesh axis",
             ((n, n, 8),),
@@ -67,8 +76,6 @@ def bad_inputs(n: int) -> tuple[BadInput, ...]:
             ("nonexistent_axis",),
         ),
     )
-    # every size is divisible by a ring of one: there the only forbidden input is the unknown axis
-    return (divisibility if n > 1 else ()) + unknown_axis
 
 
 def block_tags(shapes: tuple[tuple[int, ...], ...], n: int, sources: tuple[int, ...]) -> tuple[np.ndarray]:
