@@ -168,9 +168,9 @@ class CollectiveSummary:
         """Max over devices of bytes received per call; ``None`` if a loop bound is unknown."""
         return self._most_received()[1]
 
-    def _most_received(self) -> tuple[int | None, int | None]:
-        """(the device that receives most per call, or ``None`` where every device receives alike;
-        its bytes per call, ``None`` if a loop bound is unknown)."""
+    def _most_received(self) -> tuple[int | None, int | None, bool]:
+        """(the device that receives most per call, ``None`` where no op names devices; its bytes per
+        call, ``None`` if a loop bound is unknown; whether every device receives as much)."""
         devices: set[int | None] = {None}
         for op in self.ops:
             for src, dst in op.source_target_pairs or ():
@@ -183,21 +183,21 @@ class CollectiveSummary:
             for op in self.ops:
                 per_call = op.received_bytes(device)
                 if per_call and op.multiplicity is None:
-                    return device, None
+                    return device, None, False
                 total += per_call * (op.multiplicity or 0)
             totals[device] = total
         most = max(totals.values())
         device = next(d for d, total in totals.items() if total == most)
-        return (None if len(set(totals.values())) == 1 else device), most
+        return device, most, len(set(totals.values())) == 1
 
     def byte_lines(self, *, summed: bool = True) -> list[str]:
         """A failure's lines for the module's collectives: each with the bytes its runs deliver per call
-        to the device that receives most (each device, where they receive alike), then (``summed``)
-        their sum, the bytes that device receives; not where the caller counts some of them otherwise
-        (a ragged all-to-all's rows as it moves them)."""
+        to the device that receives most (one of them, where every device receives alike), then
+        (``summed``) their sum, the bytes that device receives; not where the caller counts some of them
+        otherwise (a ragged all-to-all's rows as it moves them)."""
         if not self.ops:
             return ["  (none)"]
-        device, total = self._most_received()
+        device, total, alike = self._most_received()
         lines = []
         for op in self.ops:
             per_call = op.received_bytes(device)
@@ -208,7 +208,7 @@ class CollectiveSummary:
                 else f"{per_call * (runs or 0)} bytes"
             )
             lines.append(f"  {op.describe()}: {said}")
-        to = "each device" if device is None else f"device {device}, which receives most"
+        to = "each device" if alike else f"device {device}, which receives most"
         said = f"{total} bytes to {to}" if total is not None else "unbounded (a loop of unknown trip count)"
         return [*lines, f"  in all: {said}, per call"] if summed else lines
 

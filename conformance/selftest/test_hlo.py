@@ -462,5 +462,19 @@ def test_byte_lines_give_each_collective_its_bytes_and_sum_to_what_the_device_re
     )
     assert uneven.byte_lines()[-1] == "  in all: 128 bytes to device 1, which receives most, per call"
     assert uneven.byte_lines(summed=False)[-1].endswith("[cq]: 0 bytes")
+    # every device receives 64 bytes, from a different op each: the lines are device 0's, summing to 64
+    crossed = hlo.CollectiveSummary(
+        tuple(
+            hlo.CollectiveOp(
+                "collective-permute", "sync", f"c{t}", "main", (hlo.Shape("f32", (2, 8)),), (), ((s, t),)
+            )
+            for s, t in ((0, 1), (1, 0))
+        )
+    )
+    assert [line.rsplit(": ", 1)[1] for line in crossed.byte_lines()] == [
+        "0 bytes",
+        "64 bytes",
+        "64 bytes to each device, per call",
+    ]
     looped = hlo.parse_hlo(LOOPED.replace(', backend_config={"known_trip_count":{"n":"3"}}', ""))
     assert looped.byte_lines()[-1] == "  in all: unbounded (a loop of unknown trip count), per call"
